@@ -1,0 +1,38 @@
+# The two set-up commands of the README work on a fresh machine: each installs
+# what it needs into .venv first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+JOBS   ?= 2
+
+.PHONY: install demo test test-fast lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch pinned: this version lies on local disk as a CPU build; an
+	# unpinned torch would pull a multi-GB CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test,lint]'
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/k2back verify --geometry tiny --arch gfx942 --tp 4 --ratio 2 --tokens 3
+
+test: install
+	$(PY) -m pytest -n $(JOBS) --durations=15
+
+test-fast: install
+	$(PY) -m pytest -n $(JOBS) -m "not slow"
+
+lint: install
+	$(VENV)/bin/ruff check k2back tests benchmarks
+
+bench: install
+	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info

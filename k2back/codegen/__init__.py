@@ -1,0 +1,1 @@
+"""Planner, template rendering, compile and link of the K2 kernel."""

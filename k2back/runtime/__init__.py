@@ -1,0 +1,1 @@
+"""Loading, caching and launching code objects (HIP or the emulator)."""
