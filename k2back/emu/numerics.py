@@ -1,0 +1,389 @@
+"""The arithmetic of gfx942/gfx950 conversion and transcendental instructions.
+
+Pure numpy, no emulator state: every function takes the source operands of a
+whole wave (arrays over lanes) and returns the destination values; the emulator
+core does the register plumbing (exec masks, SDWA/op_sel decoding, AGPRs).
+
+Facts modelled, and where they come from:
+
+* fp8 formats. gfx942 converts the FNUZ formats (e4m3 bias 8, e5m2 bias 16;
+  0x80 is the only NaN, no infinities, no -0); gfx950 the OCP ones (e4m3fn:
+  S.1111.111 is NaN, no infinities; e5m2: IEEE-like with infinities) — SPEC §4,
+  CDNA3 / CDNA4 ISA. `fp8_format(arch, kind)` is the one table.
+* fp8 encode (`v_cvt_pk_{fp8,bf8}_f32`, `v_cvt_scalef32_pk_*`): round to
+  nearest even with an unbounded exponent, then anything past the largest
+  finite value becomes the format's overflow code — NaN for e4m3 (0x80 FNUZ,
+  S.1111.111 OCP) and bf8 FNUZ, ±inf for OCP e5m2. The hardware does *not*
+  saturate: ROCm's hip_fp8 saturating casts clamp with v_med3_f32 *before* the
+  convert, and rocm-systems#9556 measures 448+18 -> 0x7f (NaN) on gfx950 and the
+  same overflow-to-NaN on gfx942's FNUZ encodings. The VOP3 clamp bit on these
+  converts has no documented fp8 meaning we could confirm, so the encoders take
+  no clamp argument: the emulator must refuse an instruction that sets it.
+  NaN payloads follow the sign of the input (S.1111.111 / S.11111.10), as
+  ml_dtypes does; real hardware may pick another NaN encoding.
+* gfx950 scaled converts use only the exponent field of the f32 scale operand
+  (CDNA4 ISA: ``scale = 32'U(exponent(S1.f32))``), i.e. the factor
+  2^(field − 127); decode multiplies by it, encode divides by it before
+  rounding. Field 255 (an inf/NaN scale) is the E8M0 NaN and yields NaN.
+  Scaled decodes round the exact product to f32 once (denormal results kept).
+* Transcendentals are modelled as the correctly rounded result of the float64
+  function (the hardware is within ~1 ulp: AMDGPUUsage, "Hardware provides 1ULP
+  accuracy for float"), with the ISA's special values (log2(±0) = −inf,
+  log2(x<0) = NaN, rsq(−0) = −inf, ...). Denormals: `denormals` is the MODE
+  register's setting for the operand type (our kernels enable f32 denormals,
+  `.amdhsa_float_denorm_mode_32 3`). v_exp_f32 and v_log_f32 flush regardless
+  (AMDGPUUsage: the float instruction "does not natively support denormal
+  inputs"; LLVM rescales around both when denormals are enabled), v_rcp_f32 too
+  (LLVM's IEEE fdiv lowering rescales around it for the same reason). This
+  denormal model is the least certain part of this module.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+ARCHS = ("gfx942", "gfx950")
+
+
+# --------------------------------------------------------------------------- formats
+
+
+class Specials(enum.Enum):
+    """How a small float format spends its special encodings."""
+
+    FNUZ = "fnuz"  # sign bit alone (0x80) is the only NaN; no infinities, no -0
+    FN = "fn"  # all-ones magnitude is NaN; no infinities (OCP e4m3fn)
+    IEEE = "ieee"  # all-ones exponent: ±inf (mantissa 0) and NaN (OCP e5m2)
+    FINITE = "finite"  # every code is a number (OCP MX fp6 / fp4)
+
+
+@dataclass(frozen=True)
+class MiniFloat:
+    """A sign-magnitude float format of at most 8 bits, with its decode table."""
+
+    name: str
+    exponent_bits: int
+    mantissa_bits: int
+    bias: int
+    specials: Specials
+    values: np.ndarray = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "values", self._decode_table())
+
+    @property
+    def bits(self) -> int:
+        return 1 + self.exponent_bits + self.mantissa_bits
+
+    @property
+    def sign_bit(self) -> int:
+        return 1 << (self.bits - 1)
+
+    def magnitude(self, codes: np.ndarray) -> np.ndarray:
+        """Value of magnitude codes by the bit formula alone (no specials)."""
+        codes = np.asarray(codes, dtype=np.int64)
+        exponent = codes >> self.mantissa_bits
+        mantissa = codes & ((1 << self.mantissa_bits) - 1)
+        fraction = mantissa / float(1 << self.mantissa_bits)
+        subnormal = fraction * 2.0 ** (1 - self.bias)
+        normal = (1.0 + fraction) * np.exp2(exponent - self.bias)
+        return np.where(exponent == 0, subnormal, normal)
+
+    def _decode_table(self) -> np.ndarray:
+        codes = np.arange(1 << self.bits)
+        magnitude_codes = codes & (self.sign_bit - 1)
+        values = self.magnitude(magnitude_codes)
+        values = np.where(codes & self.sign_bit, -values, values)
+        exponent_ones = (magnitude_codes >> self.mantissa_bits) == (1 << self.exponent_bits) - 1
+        mantissa = magnitude_codes & ((1 << self.mantissa_bits) - 1)
+        if self.specials is Specials.FNUZ:
+            values = np.where(codes == self.sign_bit, np.nan, values)
+        elif self.specials is Specials.FN:
+            values = np.where(magnitude_codes == self.sign_bit - 1, np.nan, values)
+        elif self.specials is Specials.IEEE:
+            values = np.where(exponent_ones & (mantissa == 0), np.copysign(np.inf, values), values)
+            values = np.where(exponent_ones & (mantissa != 0), np.nan, values)
+        return values.astype(np.float32)
+
+    @property
+    def max_finite_code(self) -> int:
+        """The largest positive finite code (codes 0..it are increasing values)."""
+        return {
+            Specials.FNUZ: self.sign_bit - 1,
+            Specials.FN: self.sign_bit - 2,
+            Specials.IEEE: ((1 << self.exponent_bits) - 1 << self.mantissa_bits) - 1,
+            Specials.FINITE: self.sign_bit - 1,
+        }[self.specials]
+
+
+E4M3FNUZ = MiniFloat("e4m3fnuz", 4, 3, 8, Specials.FNUZ)
+E5M2FNUZ = MiniFloat("e5m2fnuz", 5, 2, 16, Specials.FNUZ)
+E4M3FN = MiniFloat("e4m3fn", 4, 3, 7, Specials.FN)
+E5M2 = MiniFloat("e5m2", 5, 2, 15, Specials.IEEE)
+E2M3 = MiniFloat("e2m3", 2, 3, 1, Specials.FINITE)  # MX fp6
+E3M2 = MiniFloat("e3m2", 3, 2, 3, Specials.FINITE)  # MX bf6
+E2M1 = MiniFloat("e2m1", 2, 1, 1, Specials.FINITE)  # MX fp4
+
+# What `fp8` and `bf8` mean in an instruction's name, per target (SPEC §4).
+FP8_FORMATS: dict[tuple[str, str], MiniFloat] = {
+    ("gfx942", "fp8"): E4M3FNUZ,
+    ("gfx942", "bf8"): E5M2FNUZ,
+    ("gfx950", "fp8"): E4M3FN,
+    ("gfx950", "bf8"): E5M2,
+}
+
+
+def fp8_format(arch: str, kind: str) -> MiniFloat:
+    """The format `kind` ('fp8' or 'bf8') stands for in `arch`'s instructions."""
+    try:
+        return FP8_FORMATS[(arch, kind)]
+    except KeyError:
+        raise ValueError(
+            f"fp8_format: expected arch in {ARCHS} and kind in ('fp8', 'bf8'), "
+            f"got arch={arch!r}, kind={kind!r}"
+        ) from None
+
+
+# --------------------------------------------------------------------------- encode
+
+
+@dataclass(frozen=True)
+class _Encoder:
+    """Round-to-nearest-even onto a format's positive grid, by table search.
+
+    The grid holds the values of magnitude codes 0 .. max_finite_code + 1; the
+    last one is the first code past the largest finite value, which is exactly
+    the overflow result of every fp8 format (NaN 0x7F for e4m3fn, NaN 0x80 for
+    FNUZ — the sign bit alone, so the sign cannot change it — and inf 0x7C for
+    e5m2), so rounding onto the grid with an unbounded exponent is the whole rule.
+    """
+
+    grid: np.ndarray
+    nan_code: int  # magnitude code of a NaN result
+
+    @classmethod
+    def of(cls, fmt: MiniFloat) -> _Encoder:
+        overflow = fmt.max_finite_code + 1
+        quiet_nan = overflow + 2 if fmt.specials is Specials.IEEE else overflow
+        return cls(fmt.magnitude(np.arange(overflow + 1)).astype(np.float64), quiet_nan)
+
+
+_ENCODERS = {fmt: _Encoder.of(fmt) for fmt in FP8_FORMATS.values()}
+
+
+def encode(fmt: MiniFloat, x: np.ndarray) -> np.ndarray:
+    """Round f32/f64 values to `fmt` codes (uint8) as the hardware converts do."""
+    enc = _ENCODERS[fmt]
+    x = np.asarray(x, dtype=np.float64)
+    magnitude = np.abs(x)
+    grid = enc.grid
+    hi = np.minimum(np.searchsorted(grid, magnitude, side="left"), len(grid) - 1)
+    lo = np.maximum(hi - 1, 0)
+    below, above = magnitude - grid[lo], grid[hi] - magnitude
+    round_up = (above < below) | ((above == below) & (hi % 2 == 0)) | (magnitude > grid[-1])
+    code = np.where(round_up, hi, lo)
+    code = np.where(np.isnan(x), enc.nan_code, code)
+    signed = np.where(np.signbit(x), code | fmt.sign_bit, code)
+    if fmt.specials is Specials.FNUZ:
+        signed = np.where(code == 0, 0, signed)  # no negative zero
+    return signed.astype(np.uint8)
+
+
+def decode(fmt: MiniFloat, codes: np.ndarray) -> np.ndarray:
+    """f32 values of `fmt` codes (any integer array)."""
+    return fmt.values[np.asarray(codes) & ((1 << fmt.bits) - 1)]
+
+
+# --------------------------------------------------------------------------- bytes, words
+
+
+def _byte(src: np.ndarray, index: int) -> np.ndarray:
+    return (np.asarray(src, dtype=np.uint32) >> np.uint32(8 * index)) & np.uint32(0xFF)
+
+
+def _check_select(name: str, value: int, limit: int) -> None:
+    if value not in range(limit):
+        raise ValueError(f"{name}: expected 0..{limit - 1}, got {value!r}")
+
+
+def _insert_word(old: np.ndarray, word: np.ndarray, word_sel: int) -> np.ndarray:
+    """`old` with its 16-bit half `word_sel` replaced by `word` (the other half kept)."""
+    _check_select("word_sel", word_sel, 2)
+    shift = np.uint32(16 * word_sel)
+    keep = np.uint32(0xFFFF0000 if word_sel == 0 else 0x0000FFFF)
+    return (np.asarray(old, dtype=np.uint32) & keep) | (word.astype(np.uint32) << shift)
+
+
+def _pack_bytes(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    return low.astype(np.uint32) | (high.astype(np.uint32) << np.uint32(8))
+
+
+# --------------------------------------------------------------------------- fp8 converts
+
+
+def cvt_f32_fp8(fmt: MiniFloat, src: np.ndarray, byte_sel: int = 0) -> np.ndarray:
+    """v_cvt_f32_{fp8,bf8}: byte `byte_sel` of each lane's dword -> f32."""
+    _check_select("byte_sel", byte_sel, 4)
+    return decode(fmt, _byte(src, byte_sel))
+
+
+def cvt_pk_f32_fp8(fmt: MiniFloat, src: np.ndarray, word_sel: int = 0) -> np.ndarray:
+    """v_cvt_pk_f32_{fp8,bf8}: the two bytes of word `word_sel` -> f32 [lanes, 2]."""
+    _check_select("word_sel", word_sel, 2)
+    return np.stack([decode(fmt, _byte(src, 2 * word_sel + i)) for i in range(2)], axis=-1)
+
+
+def cvt_pk_fp8_f32(
+    fmt: MiniFloat, src0: np.ndarray, src1: np.ndarray, old: np.ndarray, word_sel: int = 0
+) -> np.ndarray:
+    """v_cvt_pk_{fp8,bf8}_f32: src0 -> low byte, src1 -> high byte of word `word_sel`
+    of the destination; the other word keeps `old` (op_sel[3] selects the word)."""
+    packed = _pack_bytes(encode(fmt, _f32(src0)), encode(fmt, _f32(src1)))
+    return _insert_word(old, packed, word_sel)
+
+
+# --------------------------------------------------------------------------- gfx950 scaled
+
+
+def scale_factor(scale: np.ndarray) -> np.ndarray:
+    """2^(exponent field − 127) of each f32 scale operand (float64); NaN for field 255."""
+    field_ = (np.asarray(scale, dtype=np.float32).view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF)
+    factor = np.exp2(field_.astype(np.float64) - 127.0)
+    return np.where(field_ == 0xFF, np.nan, factor)
+
+
+def cvt_scalef32_f32_fp8(
+    fmt: MiniFloat, src: np.ndarray, scale: np.ndarray, byte_sel: int = 0
+) -> np.ndarray:
+    """v_cvt_scalef32_f32_{fp8,bf8}: byte `byte_sel` decoded times the scale."""
+    _check_select("byte_sel", byte_sel, 4)
+    return _f32(decode(fmt, _byte(src, byte_sel)) * scale_factor(scale))
+
+
+def cvt_scalef32_pk_f32_fp8(
+    fmt: MiniFloat, src: np.ndarray, scale: np.ndarray, word_sel: int = 0
+) -> np.ndarray:
+    """v_cvt_scalef32_pk_f32_{fp8,bf8}: two bytes of word `word_sel` times the scale,
+    f32 [lanes, 2]."""
+    factor = scale_factor(scale)[..., None]
+    return _f32(cvt_pk_f32_fp8(fmt, src, word_sel) * factor)
+
+
+def cvt_scalef32_pk_bf16_fp8(
+    fmt: MiniFloat, src: np.ndarray, scale: np.ndarray, word_sel: int = 0
+) -> np.ndarray:
+    """v_cvt_scalef32_pk_bf16_{fp8,bf8}: two bytes times the scale, as two bf16
+    (low half from the low byte) in one dword."""
+    factor = scale_factor(scale)[..., None]
+    values = cvt_pk_f32_fp8(fmt, src, word_sel) * factor
+    return pack_halves(f32_to_bf16(_f32(values)))
+
+
+def cvt_scalef32_pk_fp8_f32(
+    fmt: MiniFloat,
+    src0: np.ndarray,
+    src1: np.ndarray,
+    scale: np.ndarray,
+    old: np.ndarray,
+    word_sel: int = 0,
+) -> np.ndarray:
+    """v_cvt_scalef32_pk_{fp8,bf8}_f32: like cvt_pk_fp8_f32 after dividing by the scale."""
+    factor = scale_factor(scale)
+    low = encode(fmt, _f32(src0).astype(np.float64) / factor)
+    high = encode(fmt, _f32(src1).astype(np.float64) / factor)
+    return _insert_word(old, _pack_bytes(low, high), word_sel)
+
+
+# --------------------------------------------------------------------------- bf16, f16
+
+
+def _f32(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32)
+
+
+def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns (any unsigned array, low 16 bits used) -> f32."""
+    return ((np.asarray(bits).astype(np.uint32) & np.uint32(0xFFFF)) << np.uint32(16)).view(
+        np.float32
+    )
+
+
+def f32_to_bf16(x: np.ndarray) -> np.ndarray:
+    """f32 -> bf16 bit patterns (uint16), round to nearest even; NaN stays a quiet NaN."""
+    bits = _f32(x).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
+    quiet_nan = (bits >> np.uint32(16)) | np.uint32(0x40)
+    return np.where(np.isnan(_f32(x)), quiet_nan, rounded).astype(np.uint16)
+
+
+def pack_halves(halves: np.ndarray) -> np.ndarray:
+    """[..., 2] 16-bit patterns -> one dword each, element 0 in the low half."""
+    halves = np.asarray(halves).astype(np.uint32)
+    return halves[..., 0] | (halves[..., 1] << np.uint32(16))
+
+
+def cvt_pk_bf16_f32(src0: np.ndarray, src1: np.ndarray) -> np.ndarray:
+    """v_cvt_pk_bf16_f32 (gfx950): src0 -> low bf16, src1 -> high bf16, RNE."""
+    return pack_halves(np.stack([f32_to_bf16(src0), f32_to_bf16(src1)], axis=-1))
+
+
+def f16_to_f32(bits: np.ndarray) -> np.ndarray:
+    """f16 bit patterns (low 16 bits used) -> f32 (exact)."""
+    return (np.asarray(bits).astype(np.uint16)).view(np.float16).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- transcendentals
+
+
+@dataclass(frozen=True)
+class Transcendental:
+    """One v_{exp,log,rcp,rsq,sqrt}_{f32,f16}: the exact function, rounded once."""
+
+    function: Callable[[np.ndarray], np.ndarray]  # float64 -> float64, ISA special values
+    dtype: type
+    flushes_inputs: bool = False  # denormal inputs read as ±0 whatever the mode
+    flushes_outputs: bool = False  # denormal results written as ±0 whatever the mode
+
+    def __call__(self, x: np.ndarray, denormals: bool = True) -> np.ndarray:
+        x = np.asarray(x, dtype=self.dtype)
+        if self.flushes_inputs or not denormals:
+            x = _flush_denormals(x)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+            y = self.function(x.astype(np.float64)).astype(self.dtype)
+        if self.flushes_outputs or not denormals:
+            y = _flush_denormals(y)
+        return y
+
+
+def _flush_denormals(x: np.ndarray) -> np.ndarray:
+    tiny = np.abs(x) < np.finfo(x.dtype).tiny
+    return np.where(tiny, np.copysign(np.zeros_like(x), x), x)
+
+
+def _rsq(x: np.ndarray) -> np.ndarray:
+    return 1.0 / np.sqrt(x)  # rsq(-0) = 1/-0 = -inf, as the ISA specifies
+
+
+def _rcp(x: np.ndarray) -> np.ndarray:
+    return 1.0 / x
+
+
+def _log2(x: np.ndarray) -> np.ndarray:
+    return np.log2(np.abs(x)) * np.where(x < 0, np.nan, 1.0)  # log2(-0) = -inf, not NaN
+
+
+_FUNCTIONS = {"exp": np.exp2, "log": _log2, "rcp": _rcp, "rsq": _rsq, "sqrt": np.sqrt}
+# Per-instruction denormal behaviour that ignores the MODE register (module docstring).
+_NATIVE_FLUSH = {"v_exp_f32": (False, True), "v_log_f32": (True, False), "v_rcp_f32": (True, True)}
+
+TRANSCENDENTALS: dict[str, Transcendental] = {
+    f"v_{op}_{suffix}": Transcendental(
+        fn, dtype, *_NATIVE_FLUSH.get(f"v_{op}_{suffix}", (False, False))
+    )
+    for op, fn in _FUNCTIONS.items()
+    for suffix, dtype in (("f32", np.float32), ("f16", np.float16))
+}
