@@ -1,0 +1,313 @@
+"""The number and memory formats of a launch, on torch tensors (SPEC §1, §4).
+
+Every byte-level fact lives here once: fp8 e4m3 in its two flavours (OCP e4m3fn
+in memory, FNUZ in gfx942's converters), UE8M0 scale codes, vLLM's MXFP8 blocks,
+bf16 rounding, the fp8_ds_mla KV page and the key-table entry encoding. The
+reference, the input generator, the emulator tests and the kernel generator all
+read these facts from here.
+
+fp8 conversions go through torch's own float8 dtypes (round to nearest even,
+subnormals included); this module adds what vLLM's formats add on top: explicit
+saturation, block scales and the gfx942 correspondence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from k2back.model import MX_BLOCK, NOPE_DIM, ROPE_DIM
+
+# ---------------------------------------------------------------------------
+# fp8 e4m3
+
+
+@dataclass(frozen=True)
+class Fp8Format:
+    name: str
+    dtype: torch.dtype
+    max: float  # largest finite magnitude: encoders saturate to it
+    min_normal_exp: int  # exponent of the smallest normal
+    mantissa_bits: int = 3
+
+    def ulp(self, magnitude: torch.Tensor) -> torch.Tensor:
+        """The format's step at |value| = magnitude (subnormal step below the
+        smallest normal)."""
+        exp = torch.frexp(magnitude.float()).exponent - 1
+        exp = exp.clamp(min=self.min_normal_exp)
+        return torch.ldexp(torch.ones_like(magnitude, dtype=torch.float32),
+                           exp - self.mantissa_bits)
+
+
+E4M3FN = Fp8Format("e4m3fn", torch.float8_e4m3fn, 448.0, min_normal_exp=-6)
+E4M3FNUZ = Fp8Format("e4m3fnuz", torch.float8_e4m3fnuz, 240.0, min_normal_exp=-7)
+
+
+def as_bytes(x: torch.Tensor) -> torch.Tensor:
+    """A float8 or uint8 tensor's bytes as uint8 (no copy)."""
+    if x.dtype == torch.uint8:
+        return x
+    if x.element_size() != 1:
+        raise TypeError(f"expected a 1-byte dtype (uint8 or float8), got {x.dtype}")
+    return x.view(torch.uint8)
+
+
+def fp8_encode(x: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
+    """Round to nearest even, saturating to ±fmt.max; NaN stays NaN. -> uint8."""
+    return x.float().clamp(-fmt.max, fmt.max).to(fmt.dtype).view(torch.uint8)
+
+
+def fp8_decode(b: torch.Tensor, fmt: Fp8Format) -> torch.Tensor:
+    """uint8 (or float8) bytes -> fp32 values of format fmt."""
+    return as_bytes(b).view(fmt.dtype).float()
+
+
+def e4m3fn_encode(x: torch.Tensor) -> torch.Tensor:
+    return fp8_encode(x, E4M3FN)
+
+
+def e4m3fn_decode(b: torch.Tensor) -> torch.Tensor:
+    return fp8_decode(b, E4M3FN)
+
+
+def e4m3fnuz_encode(x: torch.Tensor) -> torch.Tensor:
+    return fp8_encode(x, E4M3FNUZ)
+
+
+def e4m3fnuz_decode(b: torch.Tensor) -> torch.Tensor:
+    return fp8_decode(b, E4M3FNUZ)
+
+
+# --- gfx942: OCP bytes in memory, FNUZ converters in hardware (SPEC §4) ----
+#
+# FNUZ has exponent bias 8 against OCP's 7 and the same bit layout otherwise,
+# so a finite OCP byte b is worth exactly twice FNUZ byte b, normals and
+# subnormals alike. The exceptions: 0x80 is -0 in OCP but NaN in FNUZ, and
+# 0x7F / 0xFF are NaN in OCP but ±240 in FNUZ (writers never produce them:
+# they saturate).
+
+GFX942_DECODE_SCALE = 2.0  # OCP value = FNUZ value of the same byte × 2
+GFX942_QUANT_MAX = E4M3FN.max / GFX942_DECODE_SCALE  # 224: FNUZ max that yields OCP 448
+OCP_NEGATIVE_ZERO = 0x80
+_FNUZ_AT_GFX942_QUANT_MAX = replace(E4M3FNUZ, max=GFX942_QUANT_MAX)
+
+
+def e4m3fn_decode_gfx942(b: torch.Tensor) -> torch.Tensor:
+    """OCP bytes decoded the way gfx942 must: FNUZ converter, 0x80 -> 0, ×2.
+    Equals e4m3fn_decode for every byte but the OCP NaNs 0x7F / 0xFF."""
+    b = as_bytes(b)
+    v = e4m3fnuz_decode(b) * GFX942_DECODE_SCALE
+    return torch.where(b == OCP_NEGATIVE_ZERO, torch.zeros_like(v), v)
+
+
+def e4m3fn_encode_gfx942(x: torch.Tensor) -> torch.Tensor:
+    """OCP bytes produced with gfx942's FNUZ converter: halve, saturate to 224,
+    encode FNUZ. Same value as e4m3fn_encode(x) for every non-NaN x; the bytes
+    differ only where OCP writes -0 (0x80): FNUZ has no -0 and writes 0x00."""
+    return fp8_encode(x.float() / GFX942_DECODE_SCALE, _FNUZ_AT_GFX942_QUANT_MAX)
+
+
+# ---------------------------------------------------------------------------
+# UE8M0 scales and vLLM's MXFP8
+
+UE8M0_BIAS = 127
+UE8M0_MAX_CODE = 254  # 255 is NaN in E8M0; the writers clamp below it
+FLT_MIN = 2.0**-126  # the amax floor of both writer rules (vLLM: FLT_MIN)
+# The largest e4m3fn mantissa as a fraction of its binade: 448 = 0.875 · 2^9.
+_E4M3FN_MAX_FRAC, _E4M3FN_MAX_EXP = 0.875, 9
+
+
+def ue8m0_scale(code: torch.Tensor) -> torch.Tensor:
+    """Code c -> 2^(c − 127) in fp32 (code 0 is the fp32 subnormal 2^-127)."""
+    c = code.to(torch.int32)
+    s = torch.ldexp(torch.ones_like(c, dtype=torch.float32), c - UE8M0_BIAS)
+    return torch.where(c > UE8M0_MAX_CODE, torch.full_like(s, float("nan")), s)
+
+
+def _nan_to_zero(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isnan(x), torch.zeros_like(x), x)
+
+
+def ue8m0_code(amax: torch.Tensor) -> torch.Tensor:
+    """The writers' rule `clamp(ceil(log2(max(amax, FLT_MIN) / 448)) + 127, 0, 254)`
+    evaluated exactly (no fp32 log2 or division): with max(amax, FLT_MIN) =
+    m·2^e, m in [0.5, 1), and 448 = 0.875·2^9, ceil(log2(.)) = e − 9 + [m > 0.875].
+    So the code is the smallest c with amax <= 448·2^(c−127), clamped.
+    amax = +inf gives 254; NaN is treated as 0 (see mx_quantize)."""
+    a = _nan_to_zero(amax.float()).clamp(min=FLT_MIN)
+    m, e = torch.frexp(a)
+    c = e - _E4M3FN_MAX_EXP + (m > _E4M3FN_MAX_FRAC).to(e.dtype) + UE8M0_BIAS
+    c = torch.where(torch.isinf(a), torch.full_like(c, UE8M0_MAX_CODE), c)
+    return c.clamp(0, UE8M0_MAX_CODE).to(torch.uint8)
+
+
+def mx_quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's MXFP8 rule over `block` consecutive values of the last dim:
+    c = ue8m0_code(amax), x_q = e4m3fn_RNE(clamp(x · 2^(127 − c), −448, 448)).
+    Returns (uint8 bytes like x, uint8 codes [..., n / block]).
+
+    Non-finite inputs (outside vLLM's contract; defined so tests can pin them):
+    amax ignores NaN (as the GPU's v_max_f32 does), a NaN element encodes as
+    e4m3fn NaN (0x7F/0xFF); an inf makes the code 254 and saturates to ±448."""
+    n = x.shape[-1]
+    if n % block:
+        raise ValueError(f"mx_quantize: last dim {n} is not a multiple of {block}")
+    xb = x.float().reshape(*x.shape[:-1], n // block, block)
+    code = ue8m0_code(_nan_to_zero(xb.abs()).amax(dim=-1))
+    scaled = torch.ldexp(xb, UE8M0_BIAS - code.to(torch.int32)[..., None])
+    return e4m3fn_encode(scaled).reshape(x.shape), code
+
+
+def mx_dequantize(b: torch.Tensor, code: torch.Tensor, block: int) -> torch.Tensor:
+    """Inverse of mx_quantize: e4m3fn(byte) · 2^(code − 127), fp32."""
+    v = e4m3fn_decode(b)
+    n = v.shape[-1]
+    scale = ue8m0_scale(code).repeat_interleave(block, dim=-1)
+    return v * scale.reshape(*v.shape[:-1], n)
+
+
+def mxfp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's MXFP8 of activations: 32 values a scale along the last dim."""
+    return mx_quantize(x, MX_BLOCK)
+
+
+def mxfp8_dequantize(b: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
+    return mx_dequantize(b, code, MX_BLOCK)
+
+
+def mxfp8_quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP8 of a [rows, cols] weight: one code per 32×32 block (vLLM's weight
+    format). -> (float8_e4m3fn [rows, cols], uint8 [rows/32, cols/32])."""
+    r, c = w.shape
+    if r % MX_BLOCK or c % MX_BLOCK:
+        raise ValueError(f"mxfp8_quantize_weight: shape {tuple(w.shape)} is not "
+                         f"a multiple of {MX_BLOCK}x{MX_BLOCK}")
+    tiles = w.float().reshape(r // MX_BLOCK, MX_BLOCK, c // MX_BLOCK, MX_BLOCK)
+    tiles = tiles.permute(0, 2, 1, 3).reshape(r // MX_BLOCK, c // MX_BLOCK, -1)
+    b, code = mx_quantize(tiles, MX_BLOCK * MX_BLOCK)
+    b = b.reshape(r // MX_BLOCK, c // MX_BLOCK, MX_BLOCK, MX_BLOCK)
+    b = b.permute(0, 2, 1, 3).reshape(r, c)
+    return b.view(torch.float8_e4m3fn), code[..., 0]
+
+
+def mxfp8_dequantize_weight(w: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
+    """A [rows, cols] MXFP8 weight (32×32 blocks) -> fp32."""
+    scale = ue8m0_scale(code)
+    scale = scale.repeat_interleave(MX_BLOCK, 0).repeat_interleave(MX_BLOCK, 1)
+    return e4m3fn_decode(w) * scale[: w.shape[0], : w.shape[1]]
+
+
+# ---------------------------------------------------------------------------
+# bf16
+
+
+def bf16_round(x: torch.Tensor) -> torch.Tensor:
+    """Round to bf16 (nearest even) and back to fp32."""
+    return x.to(torch.bfloat16).float()
+
+
+# ---------------------------------------------------------------------------
+# fp8_ds_mla KV pages (vLLM's V4 layout, 584 B a token)
+
+KV_DATA_BYTES = NOPE_DIM + 2 * ROPE_DIM  # 448 e4m3fn + 64 bf16 = 576
+KV_SCALE_BYTES = 8  # 7 UE8M0 codes + a pad byte
+KV_RECORD_BYTES = KV_DATA_BYTES + KV_SCALE_BYTES  # 584
+KV_SCALE_GROUP = 64  # nope dims a scale code covers
+KV_SCALES = NOPE_DIM // KV_SCALE_GROUP  # 7
+PAGE_ALIGN = KV_DATA_BYTES  # vLLM pads a page to a multiple of 576 B
+
+
+def page_bytes(block: int, extra_pages_of_576: int = 0) -> int:
+    """Smallest legal page size for `block` records (a multiple of 576 B),
+    plus extra padding."""
+    need = block * KV_RECORD_BYTES
+    return (-(-need // PAGE_ALIGN) + extra_pages_of_576) * PAGE_ALIGN
+
+
+def slot_location(slot: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slot s lives in page s // block, row s % block."""
+    return slot // block, slot % block
+
+
+def kv_quantize(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys [..., 512] -> (data bytes [..., 576], scale codes [..., 7]) by the
+    writer's rule: nope dims MXFP8-like over 64 dims, rope dims as bf16."""
+    nope, codes = mx_quantize(keys[..., :NOPE_DIM], KV_SCALE_GROUP)
+    rope = keys[..., NOPE_DIM:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    return torch.cat([nope, rope], dim=-1), codes
+
+
+def kv_dequantize(data: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """(data [..., 576], codes [..., 7]) -> fp32 keys [..., 512] (exact in bf16)."""
+    nope = mx_dequantize(data[..., :NOPE_DIM], codes, KV_SCALE_GROUP)
+    rope = data[..., NOPE_DIM:].contiguous().view(torch.bfloat16).float()
+    return torch.cat([nope, rope], dim=-1)
+
+
+def _record_columns(block: int, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Byte columns of rows' data and scale codes inside their page."""
+    data = row[..., None] * KV_DATA_BYTES + torch.arange(KV_DATA_BYTES, device=row.device)
+    scale = (block * KV_DATA_BYTES + row[..., None] * KV_SCALE_BYTES
+             + torch.arange(KV_SCALES, device=row.device))
+    return data, scale
+
+
+def pack_kv(cache: torch.Tensor, block: int, slots: torch.Tensor, keys: torch.Tensor) -> None:
+    """Write keys [n, 512] at slots [n] of a uint8 [pages, page_bytes] cache
+    (quantized by the writer's rule). Scale pad bytes and page padding are left
+    as they are, as vLLM leaves them."""
+    data, codes = kv_quantize(keys)
+    page, row = slot_location(slots.long(), block)
+    dcol, scol = _record_columns(block, row)
+    cache[page[:, None], dcol] = data
+    cache[page[:, None], scol] = codes
+
+
+def pack_kv_pages(keys: torch.Tensor, slots: torch.Tensor, block: int, pages: int,
+                  page_bytes_: int | None = None, fill: torch.Tensor | None = None) -> torch.Tensor:
+    """A fresh uint8 [pages, page_bytes] cache holding keys at slots. Bytes no
+    record owns are `fill`'s (default zeros)."""
+    nbytes = page_bytes(block) if page_bytes_ is None else page_bytes_
+    if nbytes < block * KV_RECORD_BYTES or nbytes % PAGE_ALIGN:
+        raise ValueError(f"page_bytes: expected a multiple of {PAGE_ALIGN} >= "
+                         f"{block * KV_RECORD_BYTES} for block {block}, got {nbytes}")
+    cache = (torch.zeros(pages, nbytes, dtype=torch.uint8) if fill is None
+             else fill.reshape(pages, nbytes).clone())
+    pack_kv(cache, block, slots, keys)
+    return cache
+
+
+def read_kv(cache: torch.Tensor, block: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Raw records at slots (any shape): (data [..., 576], codes [..., 7])."""
+    page, row = slot_location(slots.long(), block)
+    dcol, scol = _record_columns(block, row)
+    return cache[page[..., None], dcol], cache[page[..., None], scol]
+
+
+def unpack_kv(cache: torch.Tensor, block: int, slots: torch.Tensor) -> torch.Tensor:
+    """Dequantized keys at slots (any shape) -> fp32 [..., 512]."""
+    return kv_dequantize(*read_kv(cache, block, slots))
+
+
+# ---------------------------------------------------------------------------
+# key tables
+
+COMPRESSED_BIT = 1 << 31
+SLOT_MASK = COMPRESSED_BIT - 1
+NO_KEY = -1
+
+
+def key_entry(slot: torch.Tensor, compressed: bool | torch.Tensor) -> torch.Tensor:
+    """Table entries (int32) for slots: `slot | 1 << 31` for compressed rows."""
+    s = slot.to(torch.int64) | (torch.as_tensor(compressed, device=slot.device).to(torch.int64) << 31)
+    return torch.where(s >= COMPRESSED_BIT, s - (1 << 32), s).to(torch.int32)
+
+
+def decode_key_table(table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """int32 entries -> (slot int64, compressed bool, present bool). A compressed
+    entry reads as negative int32; -1 (= compressed slot 2^31 − 1) means none."""
+    t = table.to(torch.int64)
+    present = t != NO_KEY
+    return t & SLOT_MASK, (t < 0) & present, present
+
