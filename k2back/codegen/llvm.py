@@ -7,11 +7,60 @@ asm and object are produced from separate parses of the same text.
 from __future__ import annotations
 
 import functools
+import re
+from typing import NamedTuple
 
 import llvmlite.binding as llvm
 
 TRIPLE = "amdgcn-amd-amdhsa"
 ARCHS = ("gfx942", "gfx950")
+CODE_OBJECT_VERSION = 500  # code object v5, pinned by a module flag (SPEC §4)
+
+# Target-ID features (AMDGPUUsage "Target ID"): absent means "any", the code runs
+# in either mode (hipcc's default, what we build unless told); `name+` / `name-`
+# pins a mode, which LLVM spells `+name` / `-name`.
+TARGET_ID_FEATURES = ("sramecc", "xnack")
+_CODE_OBJECT_FLAG = re.compile(r'!"amdhsa_code_object_version",\s*i32\s+(\d+)')
+
+
+class Target(NamedTuple):
+    arch: str  # e.g. gfx942
+    features: str  # LLVM feature string, e.g. "+sramecc,-xnack"; "" = any
+
+    @property
+    def target_id(self) -> str:
+        """The target ID as HIP reports it (gcnArchName), e.g. gfx942:sramecc+:xnack-."""
+        pinned = (f[1:] + f[0] for f in self.features.split(",") if f)
+        return ":".join((self.arch, *pinned))
+
+
+def parse_arch(target_id: str) -> Target:
+    """`gfx942:sramecc+:xnack-` (a device's gcnArchName) -> Target('gfx942', '+sramecc,-xnack')."""
+    arch, *settings = target_id.split(":")
+    if arch not in ARCHS:
+        raise ValueError(f"arch: expected one of {ARCHS} with optional target-ID features, "
+                         f"got {target_id!r}")
+    pinned = {}
+    for setting in settings:
+        name, sign = setting[:-1], setting[-1:]
+        if name not in TARGET_ID_FEATURES or not sign or sign not in "+-" or name in pinned:
+            raise ValueError(f"arch {target_id!r}: expected features among "
+                             f"{[f + s for f in TARGET_ID_FEATURES for s in '+-']}, "
+                             f"each at most once, got {setting!r}")
+        pinned[name] = sign
+    # Target IDs list features alphabetically; so do we, for one spelling per target.
+    return Target(arch, ",".join(pinned[name] + name for name in sorted(pinned)))
+
+
+def check_code_object_version(ir: str) -> None:
+    """Without the module flag LLVM picks its own default code object version,
+    and the runtime, the metadata reader and the emulator all assume v5."""
+    found = _CODE_OBJECT_FLAG.search(ir)
+    if found is None or int(found[1]) != CODE_OBJECT_VERSION:
+        given = "no such flag" if found is None else f"version {found[1]}"
+        raise ValueError(
+            f"IR: expected the module flag `!{{i32 1, !\"amdhsa_code_object_version\", "
+            f"i32 {CODE_OBJECT_VERSION}}}` in !llvm.module.flags, got {given}")
 
 
 @functools.cache
@@ -33,6 +82,12 @@ def parse(ir: str):
     module = llvm.parse_assembly(ir)
     module.verify()
     return module
+
+
+def verify(ir: str, arch: str, features: str = "") -> str:
+    """Parse and verify; the text passes on unchanged (comments and names kept)."""
+    parse(ir)
+    return ir
 
 
 def optimize(ir: str, arch: str, features: str = "", level: int = 3) -> str:
