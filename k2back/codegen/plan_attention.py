@@ -1,0 +1,215 @@
+"""The attention half of the K2 plan: split (flash-decoding over key chunks) and
+combine (chunks + sink -> inverse RoPE -> MXFP8 -> XO).
+
+`plan_attention(rank, tokens, ratio, arch) -> AttentionPlan` fixes every number
+the split.ll.j2 / combine.ll.j2 templates need; plan.py embeds it in the
+KernelSpec, unions `lds` with the GEMV stages' LDS and lays the `scratch`
+regions out at 256-B aligned offsets.
+
+Contract notes for plan.py / kernel.ll.j2 (see ARCHITECTURE.md):
+- Tasks: split task = t·nchunk + c (chunk c of token t), combine task =
+  t·(H/8) + head group (8 heads: a wave a head). TP 8 (H = 8) has one combine
+  task a token.
+- A split task whose chunk starts at or past key_len[t] returns at once
+  without writing scratch; combine reads only the chunks below
+  ceil(key_len[t] / CK), so those never need to be waited on (waiting on every
+  split flag of the token is correct too: the kernel publishes them all).
+- Every LDS member is dead when a stage function returns. The split stage
+  writes LDS before its first barrier, so kernel.ll.j2 must put an
+  `s_barrier` between two stage calls on a CTA (else the next task's first
+  LDS write may race a slow wave's last read of the previous one).
+- `qk_scale` (kernel argument) is the raw softmax scale (512^-0.5 by
+  default); the split stage multiplies it by log2(e) itself.
+- Scratch regions (element layout, row-major):
+    partials  bf16 [S, nchunk, H, 512]   a chunk's bf16(Σ bf16(p)·V) per head
+    stats     f32  [S, nchunk, H, 2]     (m_c, l_c): chunk max in log2 units, Σ p
+    xo        u8   [S, H·512]            OCP e4m3fn bytes of MXFP8(o), head-major
+    xo_codes  u8   [S, H·512/32]         their UE8M0 codes
+  split writes partials/stats, combine reads them and writes xo/xo_codes; all
+  hand-off stores and loads are device scope (sc1).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, NOPE_DIM, ROPE_DIM, RankShape
+
+WAVES = 8  # 512 threads a CTA
+WAVE = 64
+KEY_TILE = 16  # keys of one QK MFMA (A rows) = one wave's share of a chunk
+HEAD_TILE = 16  # heads of one MFMA (B columns)
+
+# fp8_ds_mla record as the split stage keeps it raw in LDS: 576 data bytes,
+# 8 scale bytes, 8 pad bytes so consecutive keys land 16 banks apart (PV reads
+# a dword of 4 keys at a time) and every record stays 16-B aligned.
+KV_DATA_BYTES = NOPE_DIM + 2 * ROPE_DIM
+KV_SCALE_BYTES = 8
+RAW_STRIDE = KV_DATA_BYTES + KV_SCALE_BYTES + 8
+# A q row (one head, bf16) in LDS, padded by 16 B: the 16 lanes reading one
+# column of 16 heads hit different banks.
+Q_ROW = 2 * HEAD_DIM + 16
+P_PAD = 16  # bytes after a head's row of bf16 p
+
+
+@dataclass(frozen=True)
+class ArchTarget:
+    """What the attention stages need to know of a target."""
+
+    cus: int  # the persistent grid: one CTA a CU
+    lds_bytes: int  # LDS a CTA may use
+    mfma_k: int  # bf16 MFMA contraction elements a lane supplies (16x16x16: 4, 16x16x32: 8)
+    max_chunk_keys: int  # the raw records of a chunk must fit LDS beside q and p
+
+
+ARCH_TARGETS: dict[str, ArchTarget] = {
+    "gfx942": ArchTarget(cus=304, lds_bytes=64 * 1024, mfma_k=4, max_chunk_keys=64),
+    "gfx950": ArchTarget(cus=256, lds_bytes=160 * 1024, mfma_k=8, max_chunk_keys=128),
+}
+
+# Chunk sizes the split stage supports: one to eight waves of 16 keys.
+CHUNK_KEYS = (16, 32, 64, 128)
+MAX_CHUNKS = WAVE  # combine reads a token's chunk stats a lane a chunk
+RATIOS = (0, 1, 2)
+MAX_TOKENS = 64
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """Everything the split and combine templates need, as plain numbers.
+
+    Fields:
+      arch, tokens (S), heads (H), keys (key-table width), ratio (0: window only,
+        no comp_cache: compressed entries are treated as invalid)
+      chunk_keys (CK), nchunk = ceil(keys / CK)
+      split_tasks = S·nchunk, combine_tasks = S·H/8
+      key_tiles = CK/16: split waves 0 .. key_tiles-1 load and score key tile w
+        (keys c·CK + 16w ..); every wave then does the PV of dims 64w .. 64w+63
+      head_tiles = ceil(H/16): QK runs once a head tile, q of one tile in LDS
+      mfma_k: bf16 elements a lane supplies an MFMA (4 on gfx942, 8 on gfx950)
+      lds: member -> (offset, bytes) of the split stage (combine needs none):
+        q     one head tile of q, bf16 rows of Q_ROW bytes
+        p     bf16 p, a row of CK·2 + P_PAD bytes a head (aliases q: written
+              after the last QK)
+        raw   the chunk's records as loaded, RAW_STRIDE bytes a key
+        smax  f32 [key_tiles, 16·head_tiles] per-wave max of each head
+        ssum  f32 [key_tiles, 16·head_tiles] per-wave Σ p of each head
+      lds_bytes: end of the last member
+      scratch: region -> bytes (layouts in the module docstring)
+    """
+
+    arch: str
+    tokens: int
+    heads: int
+    keys: int
+    ratio: int
+    chunk_keys: int
+    nchunk: int
+    split_tasks: int
+    combine_tasks: int
+    key_tiles: int
+    head_tiles: int
+    mfma_k: int
+    lds: dict[str, tuple[int, int]] = field(hash=False)
+    lds_bytes: int
+    scratch: dict[str, int] = field(hash=False)
+
+    @property
+    def combine_heads(self) -> int:
+        return min(HEADS_PER_GROUP, self.heads)
+
+    @property
+    def head_groups(self) -> int:
+        return self.heads // self.combine_heads
+
+
+def _lds_members(heads_padded: int, key_tiles: int, chunk_keys: int) -> dict[str, tuple[int, int]]:
+    p_bytes = heads_padded * (2 * chunk_keys + P_PAD)
+    sizes = {
+        # q is dead once the last QK has read it: p takes its place
+        "q": max(HEAD_TILE * Q_ROW, p_bytes),
+        "raw": chunk_keys * RAW_STRIDE,
+        "smax": 4 * key_tiles * heads_padded,
+        "ssum": 4 * key_tiles * heads_padded,
+    }
+    members, offset = {}, 0
+    for name, size in sizes.items():
+        members[name] = (offset, size)
+        offset += -(-size // 16) * 16
+    members["p"] = (members["q"][0], p_bytes)
+    return members
+
+
+def _scratch(tokens: int, nchunk: int, heads: int) -> dict[str, int]:
+    return {
+        "partials": tokens * nchunk * heads * HEAD_DIM * 2,
+        "stats": tokens * nchunk * heads * 2 * 4,
+        "xo": tokens * heads * HEAD_DIM,
+        "xo_codes": tokens * heads * HEAD_DIM // MX_BLOCK,
+    }
+
+
+def default_chunk_keys(keys: int, tokens: int, target: ArchTarget) -> int:
+    """The smallest chunk whose split tasks fill at most half the grid (the
+    other half streams GEMV weights meanwhile): small chunks cut the split's
+    latency for few tokens; more tokens bring their own parallelism. Never
+    below 32 keys (each chunk rereads q and writes an H·1 KiB partial)."""
+    fitting = [ck for ck in CHUNK_KEYS if 32 <= ck <= target.max_chunk_keys]
+    for ck in fitting:
+        if tokens * math.ceil(keys / ck) <= target.cus // 2 and math.ceil(keys / ck) <= MAX_CHUNKS:
+            return ck
+    return fitting[-1]
+
+
+def plan_attention(
+    rank: RankShape, tokens: int, ratio: int, arch: str, chunk_keys: int | None = None
+) -> AttentionPlan:
+    """The split/combine plan of one launch; `chunk_keys` overrides the
+    default chunk size (tests use it to get many chunks from tiny tables)."""
+    if arch not in ARCH_TARGETS:
+        raise ValueError(f"arch: expected one of {sorted(ARCH_TARGETS)}, got {arch!r}")
+    target = ARCH_TARGETS[arch]
+    if not (isinstance(tokens, int) and 1 <= tokens <= MAX_TOKENS):
+        raise ValueError(f"tokens: expected an int in 1..{MAX_TOKENS}, got {tokens!r}")
+    if ratio not in RATIOS:
+        raise ValueError(f"ratio: expected one of {RATIOS}, got {ratio!r}")
+    heads, keys = rank.heads, rank.keys
+    if heads % HEADS_PER_GROUP:
+        raise ValueError(f"heads: expected a multiple of {HEADS_PER_GROUP}, got {heads}")
+    ck = default_chunk_keys(keys, tokens, target) if chunk_keys is None else chunk_keys
+    allowed = [c for c in CHUNK_KEYS if c <= target.max_chunk_keys]
+    if ck not in allowed:
+        raise ValueError(f"chunk_keys: expected one of {allowed} on {arch}, got {ck!r}")
+    nchunk = math.ceil(keys / ck)
+    if nchunk > MAX_CHUNKS:
+        raise ValueError(
+            f"chunk_keys: {ck} splits {keys} keys into {nchunk} chunks, "
+            f"combine supports at most {MAX_CHUNKS}"
+        )
+    key_tiles = ck // KEY_TILE
+    head_tiles = math.ceil(heads / HEAD_TILE)
+    lds = _lds_members(head_tiles * HEAD_TILE, key_tiles, ck)
+    lds_bytes = max(off + size for off, size in lds.values())
+    if lds_bytes > target.lds_bytes:
+        raise ValueError(
+            f"chunk_keys: {ck} keys with {heads} heads need {lds_bytes} B of LDS, "
+            f"{arch} has {target.lds_bytes}"
+        )
+    return AttentionPlan(
+        arch=arch,
+        tokens=tokens,
+        heads=heads,
+        keys=keys,
+        ratio=ratio,
+        chunk_keys=ck,
+        nchunk=nchunk,
+        split_tasks=tokens * nchunk,
+        combine_tasks=tokens * heads // min(HEADS_PER_GROUP, heads),
+        key_tiles=key_tiles,
+        head_tiles=head_tiles,
+        mfma_k=target.mfma_k,
+        lds=lds,
+        lds_bytes=lds_bytes,
+        scratch=_scratch(tokens, nchunk, heads),
+    )
