@@ -1,0 +1,275 @@
+"""`k2back` (and `python -m k2back`): warm the cache, inspect, verify, diagnose.
+
+Every command takes the same configuration flags; `warmup` builds every
+combination of their lists, the others take exactly one configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import multiprocessing
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+
+from k2back import knobs, model
+
+log = logging.getLogger("k2back")
+
+LOG_LEVELS = ("ERROR", "WARNING", "INFO", "DEBUG")
+
+
+@dataclass(frozen=True)
+class Config:
+    geometry: str
+    tp: int
+    tokens: int
+    ratio: int
+    arch: str
+
+    def __str__(self) -> str:
+        return (f"{self.geometry} tp={self.tp} tokens={self.tokens} ratio={self.ratio} "
+                f"arch={self.arch}")
+
+    def plan(self):
+        from k2back.codegen.plan import plan
+
+        return plan(self.geometry, self.tp, self.tokens, self.ratio, self.arch)
+
+
+def int_list(text: str) -> list[int]:
+    """`5`, `1-48`, `1,2,4` or a mix (`1-4,8`)."""
+    values = []
+    try:
+        for part in text.split(","):
+            low, _, high = part.partition("-")
+            values += range(int(low), int(high or low) + 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer, a range like 1-48 or a comma list, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError(f"{text!r} is an empty range")
+    return values
+
+
+def name_list(text: str) -> list[str]:
+    return [part for part in text.split(",") if part]
+
+
+# flag -> (parser of its text, default, help)
+CONFIG_FLAGS = {
+    "geometry": (name_list, model.DEFAULT_GEOMETRY, f"one of {sorted(model.GEOMETRIES)}"),
+    "arch": (name_list, None, "gfx942, gfx950 (with optional target-ID features)"),
+    "tp": (int_list, None, f"tensor-parallel degree, of {model.TP_DEGREES}"),
+    "ratio": (int_list, None, "KV compression ratio: 0 = window-only layer, 1, 2"),
+    "tokens": (int_list, None, "tokens S of a launch: 5, 1-48 or 1,2,4"),
+}
+
+
+def add_config_flags(parser: argparse.ArgumentParser, lists: bool) -> None:
+    group = parser.add_argument_group(
+        "configuration" + (" (comma lists and ranges allowed)" if lists else " (one value each)"))
+    for flag, (parse, default, doc) in CONFIG_FLAGS.items():
+        group.add_argument(f"--{flag}", type=parse, required=default is None,
+                           default=None if default is None else parse(default), help=doc)
+
+
+def configs(args) -> list[Config]:
+    lists = [getattr(args, flag) for flag in CONFIG_FLAGS]
+    return [Config(g, tp, s, r, a) for g, a, tp, r, s in itertools.product(*lists)]
+
+
+def one_config(parser: argparse.ArgumentParser, args) -> Config:
+    for flag in CONFIG_FLAGS:
+        if len(getattr(args, flag)) != 1:
+            parser.error(f"--{flag}: `{args.command}` takes one configuration, "
+                         f"got {getattr(args, flag)}")
+    return configs(args)[0]
+
+
+def table(rows: list[tuple], header: tuple) -> str:
+    """Left-aligned text columns."""
+    cells = [tuple(map(str, r)) for r in (header, *rows)]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ---- warmup -------------------------------------------------------------------------------
+
+
+def build(config: Config) -> tuple[Config, str, str]:
+    """(config, built | cached | failed, detail): runs in a worker process."""
+    from k2back.codegen.compiler import compile as compile_source
+    from k2back.codegen.render import KernelSource
+
+    try:
+        kernel = compile_source(KernelSource(config.plan()))
+    except Exception as e:  # a failed build is a row of the report, not the end of the run
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        return config, "failed", f"{type(e).__name__}: {first_line}"
+    return config, "cached" if kernel.cache_hit else "built", kernel.name
+
+
+def cmd_warmup(parser, args) -> int:
+    from tqdm import tqdm
+
+    todo = configs(args)
+    results = []
+    with ProcessPoolExecutor(max_workers=min(args.jobs, len(todo)),
+                             # spawn: the parent has torch loaded, a forked torch is unsafe
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(build, c) for c in todo]
+        for future in tqdm(as_completed(futures), total=len(todo), desc="k2back warmup",
+                           unit="kernel", disable=args.quiet):
+            results.append(future.result())
+    results.sort(key=lambda r: todo.index(r[0]))
+    print(table([(str(c), status, detail) for c, status, detail in results],
+                ("configuration", "status", "kernel / reason")))
+    counts = {s: sum(r[1] == s for r in results) for s in ("built", "cached", "failed")}
+    print(", ".join(f"{n} {s}" for s, n in counts.items()), f"of {len(results)}")
+    return 1 if counts["failed"] else 0
+
+
+# ---- plan / dump --------------------------------------------------------------------------
+
+
+def plan_text(spec) -> str:
+    return spec.describe()
+
+
+def cmd_plan(parser, args) -> int:
+    print(plan_text(one_config(parser, args).plan()))
+    return 0
+
+
+def dump_sections(spec, kernel) -> dict[str, str]:
+    """File name -> text: what `dump` writes (IR as .ll, asm as .s)."""
+    from k2back.codegen.metadata import resource_report
+
+    return {
+        "spec.json": spec.to_json(),
+        "plan.txt": plan_text(spec),
+        "kernel.ll": kernel.ir,
+        "kernel.opt.ll": kernel.opt_ir,
+        "kernel.s": kernel.asm,
+        "resources.txt": resource_report(kernel.metadata),
+    }
+
+
+def cmd_dump(parser, args) -> int:
+    from k2back.codegen.compiler import compile as compile_source
+    from k2back.codegen.render import KernelSource
+
+    spec = one_config(parser, args).plan()
+    sections = dump_sections(spec, compile_source(KernelSource(spec)))
+    if args.out is None:
+        for name, text in sections.items():
+            print(f"; ===== {spec.name}.{name} =====\n{text.rstrip()}\n")
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, text in sections.items():
+        (args.out / f"{spec.name}.{name}").write_text(text)
+    print(f"wrote {len(sections)} files for {spec.name} to {args.out}")
+    return 0
+
+
+# ---- verify -------------------------------------------------------------------------------
+
+
+def cmd_verify(parser, args) -> int:
+    from k2back.verify import verify
+
+    report = verify(one_config(parser, args), seed=args.seed, perturb=args.perturb)
+    print(report.text())
+    return 0 if report.ok else 1
+
+
+# ---- doctor / cache -----------------------------------------------------------------------
+
+
+def cmd_doctor(parser, args) -> int:
+    from k2back.doctor import checks
+
+    rows = checks()
+    print(table([(c.name, c.status, c.detail) for c in rows], ("check", "status", "detail")))
+    return 1 if any(c.status == "FAIL" for c in rows) else 0
+
+
+def cmd_cache(parser, args) -> int:
+    from k2back.runtime import cache
+
+    if args.action == "ls":
+        print(table([(e.key[:16], e.name, e.size_bytes) for e in cache.entries()],
+                    ("key", "kernel", "bytes")))
+    elif args.action == "size":
+        print(f"{cache.size_bytes()} bytes in {knobs.cache_dir()}")
+    else:
+        cache.clear()
+        print(f"cleared {knobs.cache_dir()}")
+    return 0
+
+
+# ---- the parser ---------------------------------------------------------------------------
+
+
+COMMANDS = {
+    # name: (handler, help, configuration: lists / one value each / none)
+    "warmup": (cmd_warmup, "build every combination of the given lists into the cache", True),
+    "dump": (cmd_dump, "spec, plan, LLVM IR (rendered, optimized), asm, resources", False),
+    "plan": (cmd_plan, "the plan: stages, tasks, CTA offsets, LDS, scratch", False),
+    "verify": (cmd_verify, "run in the emulator against the reference of record", False),
+    "doctor": (cmd_doctor, "toolchain, ROCm runtime, GPUs, cache", None),
+    "cache": (cmd_cache, "list, size or clear the kernel cache", None),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    from k2back import __version__
+
+    top = argparse.ArgumentParser(prog="k2back", description=__doc__.splitlines()[0])
+    top.add_argument("--version", action="version", version=f"k2back {__version__}")
+    top.add_argument("-v", "--verbose", action="count", default=0,
+                     help="more log output (repeat for more); base level from K2BACK_LOG_LEVEL")
+    sub = top.add_subparsers(dest="command", required=True)
+    for name, (handler, doc, lists) in COMMANDS.items():
+        p = sub.add_parser(name, help=doc, description=doc)
+        p.set_defaults(handler=handler, subparser=p)
+        if lists is not None:
+            add_config_flags(p, lists)
+    sub.choices["warmup"].add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                                       help="parallel build processes (default: the cores)")
+    sub.choices["warmup"].add_argument("-q", "--quiet", action="store_true",
+                                       help="no progress bar")
+    sub.choices["dump"].add_argument("--out", type=Path,
+                                     help="write one file a section here instead of stdout")
+    sub.choices["verify"].add_argument("--seed", type=int, default=0, help="make_inputs seed")
+    sub.choices["verify"].add_argument("--perturb", action="store_true",
+                                       help=argparse.SUPPRESS)  # test-only: must then fail
+    sub.choices["cache"].add_argument("action", choices=("ls", "size", "clear"))
+    return top
+
+
+def configure_logging(verbosity: int) -> None:
+    base = knobs.log_level()
+    index = LOG_LEVELS.index(base) if base in LOG_LEVELS else 1
+    level = LOG_LEVELS[min(index + verbosity, len(LOG_LEVELS) - 1)]
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(level)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    configure_logging(args.verbose)
+    return args.handler(args.subparser, args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

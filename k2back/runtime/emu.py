@@ -1,0 +1,35 @@
+"""The emulator backend: the launch the HIP backend makes — same kernarg bytes,
+same scratch layout, same grid — run instruction by instruction in
+`k2back.emu.Machine` on CPU tensors, which receive the results in place."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+from k2back.runtime import launch
+
+
+class EmuBackend:
+    name = "emu"
+
+    def check_device(self, device: torch.device) -> None:
+        if device.type != "cpu":
+            raise ValueError(f"backend 'emu': expected CPU tensors, got tensors on {device}")
+
+    def new_scratch(self, spec, device: torch.device) -> torch.Tensor:
+        return launch.new_scratch(spec, device)
+
+    def run(self, kernel, spec, tensors: Mapping[str, object], scratch: torch.Tensor,
+            qk_scale: float | None = None):
+        """Launch once; returns the emulator's counters. The scratch keeps its
+        epoch state across calls: it is mapped, never cleared."""
+        from k2back.emu import Machine
+
+        machine = Machine(kernel.arch)
+        segment = launch.kernargs(kernel, spec, tensors, machine.map(scratch), machine.map,
+                                  qk_scale)
+        dims = launch.launch_dims(spec)
+        return machine.launch(kernel.asm, kernel.name, grid=dims.grid, block=dims.block,
+                              kernargs=segment, dynamic_lds=dims.dynamic_lds)
