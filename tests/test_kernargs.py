@@ -11,6 +11,7 @@ import yaml
 
 from k2back.codegen import llvm
 from k2back.codegen.signature import KERNEL_ARGS, KernelArg
+from k2back.codegen.signature import params as signature_params
 from k2back.runtime.kernargs import KernargError, LaunchDims, pack_kernargs
 
 MIXED_IR = """
@@ -117,3 +118,35 @@ def test_unknown_hidden_kind_is_an_error(mixed):
         *mixed.args, SimpleNamespace(name="", offset=0, size=8, value_kind="hidden_future")]})
     with pytest.raises(KernargError, match="hidden_future"):
         pack_kernargs(odd, VALUES, DIMS)
+
+
+# ---- the K2 signature end to end: launch.kernel_arguments -> pack -> a kernel ----------------
+
+def echo_ir() -> str:
+    """A kernel with the K2 signature writing, as i64 word i of `out`, argument
+    i if it is a scalar, or the first dword it points to if it is a pointer
+    (so each address is proven to reach its tensor's data)."""
+    body = []
+    for i, arg in enumerate(KERNEL_ARGS):
+        v = f"%{arg.name}"
+        if arg.is_pointer:
+            body.append(f"%d{i} = load i32, {arg.llvm_type} {v}, align 4")
+            body.append(f"%w{i} = zext i32 %d{i} to i64")
+        elif arg.llvm_type == "float":
+            body.append(f"%b{i} = bitcast float {v} to i32")
+            body.append(f"%w{i} = zext i32 %b{i} to i64")
+        elif arg.llvm_type == "i32":
+            body.append(f"%w{i} = zext i32 {v} to i64")
+        else:
+            body.append(f"%w{i} = add i64 {v}, 0")
+    for i, _ in enumerate(KERNEL_ARGS):  # every load before the first store into out
+        body.append(f"%p{i} = getelementptr i64, ptr addrspace(1) %out, i64 {i}")
+        body.append(f"store i64 %w{i}, ptr addrspace(1) %p{i}, align 8")
+    return "\n".join([
+        'target triple = "amdgcn-amd-amdhsa"',
+        f"define amdgpu_kernel void @k2_echo({signature_params()}) #0 {{",
+        *("  " + line for line in body), "  ret void", "}",
+        'attributes #0 = { "amdgpu-flat-work-group-size"="1,512" }',
+        "!llvm.module.flags = !{!0}",
+        '!0 = !{i32 1, !"amdhsa_code_object_version", i32 500}',
+    ])
