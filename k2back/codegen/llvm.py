@@ -111,3 +111,34 @@ def versions() -> dict[str, str]:
     import llvmlite
 
     return {"llvmlite": llvmlite.__version__, "llvm": ".".join(map(str, llvm.llvm_version_info))}
+
+
+
+def serve(fd: int) -> None:
+    """The LLVM worker process's loop (started by k2back.codegen.compiler).
+
+    A request is (schedule, inputs, target): run each `(stage, input stage,
+    function)` of the schedule in order, announcing each stage before it starts
+    and sending its output when done, so that if LLVM aborts the process the
+    parent knows where, and holds the IR that led there.
+    """
+    import multiprocessing.connection
+    import time
+
+    conn = multiprocessing.connection.Connection(fd)
+    while True:
+        try:
+            schedule, outputs, target = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        for stage, source, run in schedule:
+            conn.send(("begin", stage))
+            start = time.perf_counter()
+            try:
+                outputs[stage] = run(outputs[source], *target)
+            except Exception as e:  # noqa: BLE001 -- reported to the parent, which raises
+                conn.send(("error", f"{type(e).__name__}: {e}"))
+                break
+            conn.send(("output", stage, outputs[stage], time.perf_counter() - start))
+        else:
+            conn.send(("done",))
