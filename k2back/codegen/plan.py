@@ -1,0 +1,316 @@
+"""The planner: one launch's configuration -> the KernelSpec every template reads.
+
+`plan(geometry, tp, tokens, ratio, arch)` resolves the model geometry, the
+rank's share, S tokens, the compression ratio and the target into plain
+numbers: the persistent grid, the four stages' task tables and the CTA each
+stage's task 0 runs on, the LDS union, the scratch regions (256-B aligned) and
+the kernel's name. Templates take every number from here and restate none.
+
+Stage order and task tables (SPEC §3); CTA b runs tasks (b − first_cta) mod
+BLOCKS, + BLOCKS, ... of each stage, in this order:
+  split    S·nchunk tasks (task = t·nchunk + c)          plan_attention
+  combine  S·H/8 tasks (task = t·(H/8) + head group)     plan_attention
+  wo_a     G·o_rank/32 tasks of 32 wo_a rows
+  wo_b     hidden/16 tasks of 16 wo_b rows
+The GEMVs' task 0 sits on the CTA after the last attention task, so the CTAs
+without attention work start streaming weights at launch (the seed's
+reasoning: the weights are most of the bytes a launch moves).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import typing
+from dataclasses import dataclass
+
+from k2back.codegen.llvm import ARCHS as LLVM_ARCHS
+from k2back.codegen.plan_attention import ARCH_TARGETS, AttentionPlan, plan_attention
+from k2back.model import MX_BLOCK, RankShape, geometry as model_geometry
+
+THREADS = 512  # 8 waves of 64: one CTA a CU, all resident
+WAVES = THREADS // 64
+TILE = 16  # MFMA 16x16: weight rows of an A tile, tokens of a B tile
+STEP_BYTES = 64  # k bytes one 16-B load a lane covers across the 4 lane groups
+REGION_ALIGN = 256
+FLAG_BYTES = 4
+MAX_TOKENS = 64
+RATIOS = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    """Code-generation facts of a target (grid and LDS from plan_attention's
+    table, the one place for them)."""
+
+    name: str
+    blocks: int  # CUs: the persistent grid
+    lds_budget: int  # bytes a CTA may use
+    fp8_fnuz: bool  # hardware fp8 is FNUZ e4m3 (gfx942), else OCP e4m3fn
+
+    @property
+    def ocp_per_hw(self) -> int:
+        """An OCP e4m3fn byte's value over the hardware converter's value of it
+        (FNUZ byte b = OCP byte b / 2, normal and subnormal alike)."""
+        return 2 if self.fp8_fnuz else 1
+
+    @property
+    def hw_fp8_max(self) -> float:
+        """Saturation bound of the hardware encoder that yields OCP bytes <= 448."""
+        return 448.0 / self.ocp_per_hw
+
+
+ARCHS: dict[str, ArchInfo] = {
+    name: ArchInfo(name, t.cus, t.lds_bytes, fp8_fnuz)
+    for name, fp8_fnuz in (("gfx942", True), ("gfx950", False))
+    for t in (ARCH_TARGETS[name],)
+}
+assert set(ARCHS) == set(LLVM_ARCHS)
+
+
+@dataclass(frozen=True)
+class Region:
+    """A scratch region: `bytes` at `offset` (256-B aligned)."""
+
+    name: str
+    offset: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class LdsMember:
+    stage: str  # "kernel" members live for the whole launch, stage members overlap
+    name: str
+    offset: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class GemvStage:
+    """One GEMV stage: `tasks` tasks of `rows` weight rows times the S activation
+    rows (fp8 + UE8M0 codes in scratch), bf16 MFMA after an exact dequantization.
+
+    Wave w < k_waves contracts k bytes [w·k_steps·64, (w+1)·k_steps·64) of every
+    row tile: lane (r = ℓ%16, j = ℓ/16) loads 16 B at k = that + 64·i + 16·j of
+    weight row r and of token r (step i). Waves >= k_waves see an empty weight
+    buffer and contribute nothing; their partial sums are never read.
+    """
+
+    name: str
+    tasks: int
+    first_cta: int
+    rows: int  # weight rows a task: rows/16 MFMA row tiles
+    k: int  # contraction length = weight row bytes
+    k_waves: int
+    k_steps: int
+    token_tiles: int
+    weight: str  # kernel argument of the fp8 weight and ...
+    weight_scale: str  # ... of its UE8M0 codes (one a 32x32 block)
+    x: str  # scratch region of the fp8 activation rows and ...
+    x_codes: str  # ... of their codes
+    x_row: int  # bytes between consecutive tokens' activation rows
+    tasks_per_group: int  # task // this = the group whose k activation columns a task reads
+    red: int  # LDS offset of the cross-wave partial sums: f32 [k_waves][row tiles][64][4]
+
+    @property
+    def row_tiles(self) -> int:
+        return self.rows // TILE
+
+    @property
+    def red_bytes(self) -> int:
+        return self.k_waves * self.row_tiles * 64 * 16
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything that determines the generated kernel (frozen, hashable, JSON)."""
+
+    geometry: str
+    tp: int
+    tokens: int
+    ratio: int
+    arch: str
+    name: str
+    blocks: int
+    threads: int
+    heads: int
+    groups: int
+    hidden: int
+    o_rank: int
+    o_rows: int
+    keys: int
+    attention: AttentionPlan
+    split_first_cta: int
+    combine_first_cta: int
+    wo_a: GemvStage
+    wo_b: GemvStage
+    lds: tuple[LdsMember, ...]
+    lds_bytes: int
+    scratch: tuple[Region, ...]
+    scratch_bytes: int
+
+    @property
+    def arch_info(self) -> ArchInfo:
+        return ARCHS[self.arch]
+
+    def region(self, name: str) -> Region:
+        for r in self.scratch:
+            if r.name == name:
+                return r
+        raise KeyError(f"scratch region {name!r} not in {[r.name for r in self.scratch]}")
+
+    def lds_member(self, stage: str, name: str) -> LdsMember:
+        for m in self.lds:
+            if (m.stage, m.name) == (stage, name):
+                return m
+        raise KeyError(f"LDS member {stage}.{name} not in the plan")
+
+    @property
+    def stage_tasks(self) -> dict[str, tuple[int, int]]:
+        """stage -> (tasks, CTA of task 0), in execution order."""
+        a = self.attention
+        return {
+            "split": (a.split_tasks, self.split_first_cta),
+            "combine": (a.combine_tasks, self.combine_first_cta),
+            "wo_a": (self.wo_a.tasks, self.wo_a.first_cta),
+            "wo_b": (self.wo_b.tasks, self.wo_b.first_cta),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> KernelSpec:
+        return _from_data(cls, json.loads(text))
+
+    def key(self) -> str:
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+    def describe(self) -> str:
+        """A human-readable table: stages, tasks, CTA offsets, LDS and scratch."""
+        lines = [
+            f"{self.name}: {self.geometry} TP {self.tp}, S {self.tokens}, ratio {self.ratio}, "
+            f"{self.arch}, {self.blocks} x {self.threads}",
+            f"chunk {self.attention.chunk_keys} keys x {self.attention.nchunk}",
+            f"{'stage':<8} {'tasks':>6} {'first CTA':>10}",
+        ]
+        lines += [f"{s:<8} {n:>6} {c:>10}" for s, (n, c) in self.stage_tasks.items()]
+        lines.append(f"LDS {self.lds_bytes} B (budget {self.arch_info.lds_budget})")
+        lines += [f"  {m.stage:<8} {m.name:<10} @{m.offset:>6} {m.bytes:>7} B" for m in self.lds]
+        lines.append(f"scratch {self.scratch_bytes} B")
+        lines += [f"  {r.name:<14} @{r.offset:>9} {r.bytes:>9} B" for r in self.scratch]
+        return "\n".join(lines)
+
+
+def _from_data(tp, data):
+    """Rebuild a (nested) frozen dataclass from its asdict() JSON form."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        return tp(**{f.name: _from_data(hints[f.name], data[f.name]) for f in dataclasses.fields(tp)})
+    if origin is tuple:
+        args = typing.get_args(tp)
+        items = args[:1] * len(data) if args[-1:] == (Ellipsis,) else args
+        return tuple(_from_data(a, d) for a, d in zip(items, data))
+    if origin is dict:
+        _, value = typing.get_args(tp)
+        return {k: _from_data(value, v) for k, v in data.items()}
+    return data
+
+
+def _align(n: int, to: int = REGION_ALIGN) -> int:
+    return -(-n // to) * to
+
+
+def kernel_name(geometry: str, tp: int, tokens: int, ratio: int, arch: str) -> str:
+    slug = re.sub(r"[^0-9a-z]", "", geometry.lower())
+    return f"k2_back_{slug}_tp{tp}_s{tokens}_r{ratio}_{arch}"
+
+
+def _k_split(k: int) -> tuple[int, int]:
+    """(k_waves, k_steps): the most waves (<= 8) splitting k evenly into 64-B steps."""
+    steps = k // STEP_BYTES
+    waves = max(w for w in range(1, WAVES + 1) if steps % w == 0)
+    return waves, steps // waves
+
+
+def _check(name: str, value, expected: str, ok: bool):
+    if not ok:
+        raise ValueError(f"{name}: expected {expected}, got {value!r}")
+
+
+def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
+    geo = model_geometry(geometry)
+    _check("arch", arch, f"one of {sorted(ARCHS)}", arch in ARCHS)
+    _check("tokens", tokens, f"an int in 1..{MAX_TOKENS}",
+           isinstance(tokens, int) and 1 <= tokens <= MAX_TOKENS)
+    _check("ratio", ratio, f"one of {RATIOS}", ratio in RATIOS)
+    rank = RankShape(geo, tp)  # checks tp
+    _check("geometry", geo.name, f"hidden a multiple of {TILE} (wo_b tasks), got {geo.hidden}",
+           geo.hidden % TILE == 0)
+    _check("geometry", geo.name, f"o_rank·groups a multiple of {STEP_BYTES}",
+           rank.o_rows % STEP_BYTES == 0)
+    info = ARCHS[arch]
+    att = plan_attention(rank, tokens, ratio, arch)
+    blocks = info.blocks
+    token_tiles = math.ceil(tokens / TILE)
+
+    attention_tasks = att.split_tasks + att.combine_tasks
+    woa_tasks = rank.o_rows // 32
+    woa_waves, woa_steps = _k_split(geo.group_k)
+    wob_waves, wob_steps = _k_split(rank.o_rows)
+    wo_a = GemvStage(
+        name="wo_a", tasks=woa_tasks, first_cta=attention_tasks % blocks, rows=2 * TILE,
+        k=geo.group_k, k_waves=woa_waves, k_steps=woa_steps, token_tiles=token_tiles,
+        weight="wo_a", weight_scale="wo_a_scale", x="xo", x_codes="xo_codes",
+        x_row=rank.q_cols, tasks_per_group=geo.o_rank // 32, red=0,
+    )
+    wo_b = GemvStage(
+        name="wo_b", tasks=geo.hidden // TILE, first_cta=(attention_tasks + woa_tasks) % blocks,
+        rows=TILE, k=rank.o_rows, k_waves=wob_waves, k_steps=wob_steps, token_tiles=token_tiles,
+        weight="wo_b", weight_scale="wo_b_scale", x="x8b", x_codes="x8b_codes",
+        x_row=rank.o_rows, tasks_per_group=geo.hidden // TILE, red=0,
+    )
+
+    # LDS: stages run one after another on a CTA, so their members overlap (a
+    # union); the kernel's own word (the launch's flag tag) sits past them all.
+    stage_members = [LdsMember("split", n, o, b) for n, (o, b) in att.lds.items()]
+    stage_members += [LdsMember(s.name, "red", s.red, s.red_bytes) for s in (wo_a, wo_b)]
+    union = _align(max(m.offset + m.bytes for m in stage_members), 16)
+    lds = (*stage_members, LdsMember("kernel", "tag", union, 16))
+    lds_bytes = union + 16
+    if lds_bytes > info.lds_budget:
+        raise ValueError(
+            f"tokens/tp: {geo.name} TP {tp} S {tokens} needs {lds_bytes} B of LDS, "
+            f"{arch} has {info.lds_budget}"
+        )
+
+    region_bytes = {
+        **att.scratch,
+        "x8b": tokens * rank.o_rows,
+        "x8b_codes": tokens * rank.o_rows // MX_BLOCK,
+        # hand-off flags: one word a producer task, value = the launch's tag
+        "split_flags": att.split_tasks * FLAG_BYTES,
+        "combine_flags": att.combine_tasks * FLAG_BYTES,
+        "wo_a_flags": woa_tasks * FLAG_BYTES,
+        # the epoch word and one mark word a CTA (SPEC §3)
+        "epoch": FLAG_BYTES,
+        "epoch_marks": blocks * FLAG_BYTES,
+    }
+    scratch, offset = [], 0
+    for name, size in region_bytes.items():
+        scratch.append(Region(name, offset, size))
+        offset = _align(offset + size)
+
+    return KernelSpec(
+        geometry=geo.name, tp=tp, tokens=tokens, ratio=ratio, arch=arch,
+        name=kernel_name(geo.name, tp, tokens, ratio, arch),
+        blocks=blocks, threads=THREADS, heads=rank.heads, groups=rank.groups,
+        hidden=geo.hidden, o_rank=geo.o_rank, o_rows=rank.o_rows, keys=rank.keys,
+        attention=att, split_first_cta=0, combine_first_cta=att.split_tasks % blocks,
+        wo_a=wo_a, wo_b=wo_b, lds=lds, lds_bytes=lds_bytes,
+        scratch=tuple(scratch), scratch_bytes=offset,
+    )
