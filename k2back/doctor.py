@@ -8,7 +8,6 @@ emulator still runs every kernel, and doctor says so rather than failing.
 from __future__ import annotations
 
 import importlib.metadata
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -58,23 +57,21 @@ def loaded_hip_libraries() -> set[str]:
 
 
 def _hip() -> Iterable[Check]:
-    from k2back.runtime.hip import runtime_status
+    from hip import hip
 
-    python_version = importlib.metadata.version("hip-python")
-    yield Check("hip-python", OK, python_version)
+    from k2back.runtime.hip import hip_check, runtime_status
+
+    bound = (hip.HIP_VERSION_MAJOR, hip.HIP_VERSION_MINOR, hip.HIP_VERSION_PATCH)
+    yield Check("hip-python", OK, f"{importlib.metadata.version('hip-python')}, built for HIP "
+                f"{'.'.join(map(str, bound))}")
     status = runtime_status()
     if status is not None:
         yield Check("ROCm runtime", MISSING, f"{status}; the emu backend still runs every kernel")
         return
-    from hip import hip
-
-    from k2back.runtime.hip import hip_check
-
     runtime = hip_version_triple(hip_check("hipRuntimeGetVersion", hip.hipRuntimeGetVersion()))
-    bound = tuple(int(p) for p in re.findall(r"\d+", python_version)[:3])
     yield Check("HIP runtime", OK if bound == runtime else FAIL,
-                f"{'.'.join(map(str, runtime))}; hip-python is built for "
-                f"{'.'.join(map(str, bound))} (they must match)")
+                f"{'.'.join(map(str, runtime))} (hip-python's must match: "
+                f"{'.'.join(map(str, bound))})")
     libraries = loaded_hip_libraries()
     yield Check(HIP_LIBRARY, OK if len(libraries) == 1 else WARN,
                 ", ".join(sorted(libraries)) + ("" if len(libraries) == 1 else
