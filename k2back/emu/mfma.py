@@ -29,8 +29,8 @@ for multi-block forms) must be 0: anything else raises.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

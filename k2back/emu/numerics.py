@@ -41,8 +41,8 @@ Facts modelled, and where they come from:
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -201,6 +201,10 @@ def decode(fmt: MiniFloat, codes: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------- bytes, words
 
 
+def _f32(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32)
+
+
 def _byte(src: np.ndarray, index: int) -> np.ndarray:
     return (np.asarray(src, dtype=np.uint32) >> np.uint32(8 * index)) & np.uint32(0xFF)
 
@@ -251,9 +255,9 @@ def cvt_pk_fp8_f32(
 
 def scale_factor(scale: np.ndarray) -> np.ndarray:
     """2^(exponent field − 127) of each f32 scale operand (float64); NaN for field 255."""
-    field_ = (np.asarray(scale, dtype=np.float32).view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF)
-    factor = np.exp2(field_.astype(np.float64) - 127.0)
-    return np.where(field_ == 0xFF, np.nan, factor)
+    bits = np.asarray(scale, dtype=np.float32).view(np.uint32)
+    exponent = (bits >> np.uint32(23)) & np.uint32(0xFF)
+    return np.where(exponent == 0xFF, np.nan, np.exp2(exponent.astype(np.float64) - 127.0))
 
 
 def cvt_scalef32_f32_fp8(
@@ -273,14 +277,20 @@ def cvt_scalef32_pk_f32_fp8(
     return _f32(cvt_pk_f32_fp8(fmt, src, word_sel) * factor)
 
 
-def cvt_scalef32_pk_bf16_fp8(
-    fmt: MiniFloat, src: np.ndarray, scale: np.ndarray, word_sel: int = 0
-) -> np.ndarray:
-    """v_cvt_scalef32_pk_bf16_{fp8,bf8}: two bytes times the scale, as two bf16
-    (low half from the low byte) in one dword."""
-    factor = scale_factor(scale)[..., None]
-    values = cvt_pk_f32_fp8(fmt, src, word_sel) * factor
-    return pack_halves(f32_to_bf16(_f32(values)))
+def _scaled_pk_halves(fmt, src, scale, word_sel, to_bits) -> np.ndarray:
+    """Two bytes times the scale, as two 16-bit floats (low half from the low byte)."""
+    values = cvt_scalef32_pk_f32_fp8(fmt, src, scale, word_sel)
+    return pack_halves(to_bits(values))
+
+
+def cvt_scalef32_pk_bf16_fp8(fmt: MiniFloat, src, scale, word_sel: int = 0) -> np.ndarray:
+    """v_cvt_scalef32_pk_bf16_{fp8,bf8}: two scaled bytes as packed bf16 (RNE)."""
+    return _scaled_pk_halves(fmt, src, scale, word_sel, f32_to_bf16)
+
+
+def cvt_scalef32_pk_f16_fp8(fmt: MiniFloat, src, scale, word_sel: int = 0) -> np.ndarray:
+    """v_cvt_scalef32_pk_f16_{fp8,bf8}: two scaled bytes as packed f16 (RNE)."""
+    return _scaled_pk_halves(fmt, src, scale, word_sel, f32_to_f16)
 
 
 def cvt_scalef32_pk_fp8_f32(
@@ -298,11 +308,25 @@ def cvt_scalef32_pk_fp8_f32(
     return _insert_word(old, _pack_bytes(low, high), word_sel)
 
 
+def cvt_scalef32_pk_fp8_bf16(fmt: MiniFloat, src, scale, old, word_sel: int = 0) -> np.ndarray:
+    """v_cvt_scalef32_pk_{fp8,bf8}_bf16: the two bf16 of `src` (low half first)."""
+    return cvt_scalef32_pk_fp8_f32(
+        fmt, bf16_to_f32(src), bf16_to_f32(_high(src)), scale, old, word_sel
+    )
+
+
+def cvt_scalef32_pk_fp8_f16(fmt: MiniFloat, src, scale, old, word_sel: int = 0) -> np.ndarray:
+    """v_cvt_scalef32_pk_{fp8,bf8}_f16: the two f16 of `src` (low half first)."""
+    return cvt_scalef32_pk_fp8_f32(
+        fmt, f16_to_f32(src), f16_to_f32(_high(src)), scale, old, word_sel
+    )
+
+
+def _high(src) -> np.ndarray:
+    return np.asarray(src, dtype=np.uint32) >> np.uint32(16)
+
+
 # --------------------------------------------------------------------------- bf16, f16
-
-
-def _f32(x) -> np.ndarray:
-    return np.asarray(x, dtype=np.float32)
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -333,7 +357,13 @@ def cvt_pk_bf16_f32(src0: np.ndarray, src1: np.ndarray) -> np.ndarray:
 
 def f16_to_f32(bits: np.ndarray) -> np.ndarray:
     """f16 bit patterns (low 16 bits used) -> f32 (exact)."""
-    return (np.asarray(bits).astype(np.uint16)).view(np.float16).astype(np.float32)
+    return np.asarray(bits).astype(np.uint16).view(np.float16).astype(np.float32)
+
+
+def f32_to_f16(x: np.ndarray) -> np.ndarray:
+    """f32 -> f16 bit patterns (uint16), round to nearest even, denormals kept."""
+    with np.errstate(over="ignore"):
+        return _f32(x).astype(np.float16).view(np.uint16)
 
 
 # --------------------------------------------------------------------------- transcendentals
