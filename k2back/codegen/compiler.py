@@ -248,8 +248,12 @@ def _failure(source, key: str, entry: str, outputs: dict, error: _StageFailed) -
     # The source's text is saved under the entry stage's name: it *is* that IR.
     texts = {entry if stage == SOURCE else stage: value for stage, value in outputs.items()
              if isinstance(value, str) and stage != "s"}
-    consumed = entry if error.stage == entry else STAGES[error.stage].source
-    saved = _save_for_inspection(source.name, key, texts) / f"{source.name}.{consumed}"
+    # the failed stage's input, or the IR it was made of (the linker takes an object)
+    consumed = SOURCE if error.stage == entry else STAGES[error.stage].source
+    while not isinstance(outputs.get(consumed), str):
+        consumed = STAGES[consumed].source
+    suffix = entry if consumed == SOURCE else consumed
+    saved = _save_for_inspection(source.name, key, texts) / f"{source.name}.{suffix}"
     return CompileError(f"kernel {source.name!r} ({source.arch}): stage {error.stage!r} failed: "
                         f"{error}\nits input IR is saved at {saved}",
                         kernel=source.name, stage=error.stage, ir_path=saved)
@@ -271,6 +275,9 @@ def _build(source, target: Target, key: str) -> tuple[dict[str, bytes], Compiled
         raise _failure(source, key, entry, outputs, e) from None
     start = time.perf_counter()
     meta = metadata.read(outputs["hsaco"], source.name, outputs["s"])
+    if meta.target != target.target_id:  # the features must have reached LLVM
+        raise CompileError(f"kernel {source.name!r}: built for target {meta.target!r}, "
+                           f"asked for {target.target_id!r}", kernel=source.name, stage="hsaco")
     timings = {"render": render_time, **timings, "metadata": time.perf_counter() - start}
     opt_ir = outputs.get("opt.ll", text)
     spec_json = getattr(source, "spec_json", None)
