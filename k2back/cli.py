@@ -13,7 +13,7 @@ import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 from k2back import knobs, model
@@ -35,24 +35,20 @@ class Config:
         return (f"{self.geometry} tp={self.tp} tokens={self.tokens} ratio={self.ratio} "
                 f"arch={self.arch}")
 
-    def plan(self):
-        from k2back.codegen.plan import plan
-
-        return plan(self.geometry, self.tp, self.tokens, self.ratio, self.arch)
-
 
 def int_list(text: str) -> list[int]:
     """`5`, `1-48`, `1,2,4` or a mix (`1-4,8`)."""
     values = []
-    try:
-        for part in text.split(","):
-            low, _, high = part.partition("-")
-            values += range(int(low), int(high or low) + 1)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected an integer, a range like 1-48 or a comma list, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError(f"{text!r} is an empty range")
+    for part in text.split(","):
+        low, dash, high = part.partition("-")
+        try:
+            span = range(int(low), int(high if dash else low) + 1)
+        except ValueError:
+            span = range(0)
+        if not span:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer, a range like 1-48 or a comma list, got {text!r}")
+        values += span
     return values
 
 
@@ -105,11 +101,10 @@ def table(rows: list[tuple], header: tuple) -> str:
 
 def build(config: Config) -> tuple[Config, str, str]:
     """(config, built | cached | failed, detail): runs in a worker process."""
-    from k2back.codegen.compiler import compile as compile_source
-    from k2back.codegen.render import KernelSource
+    from k2back import ops
 
     try:
-        kernel = compile_source(KernelSource(config.plan()))
+        _, kernel = ops.build(*astuple(config))
     except Exception as e:  # a failed build is a row of the report, not the end of the run
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return config, "failed", f"{type(e).__name__}: {first_line}"
@@ -139,12 +134,11 @@ def cmd_warmup(parser, args) -> int:
 # ---- plan / dump --------------------------------------------------------------------------
 
 
-def plan_text(spec) -> str:
-    return spec.describe()
-
-
 def cmd_plan(parser, args) -> int:
-    print(plan_text(one_config(parser, args).plan()))
+    config = one_config(parser, args)
+    from k2back import ops
+
+    print(ops.plan_for(*astuple(config)).describe())
     return 0
 
 
@@ -154,7 +148,7 @@ def dump_sections(spec, kernel) -> dict[str, str]:
 
     return {
         "spec.json": spec.to_json(),
-        "plan.txt": plan_text(spec),
+        "plan.txt": spec.describe(),
         "kernel.ll": kernel.ir,
         "kernel.opt.ll": kernel.opt_ir,
         "kernel.s": kernel.asm,
@@ -163,11 +157,11 @@ def dump_sections(spec, kernel) -> dict[str, str]:
 
 
 def cmd_dump(parser, args) -> int:
-    from k2back.codegen.compiler import compile as compile_source
-    from k2back.codegen.render import KernelSource
+    config = one_config(parser, args)
+    from k2back import ops
 
-    spec = one_config(parser, args).plan()
-    sections = dump_sections(spec, compile_source(KernelSource(spec)))
+    spec, kernel = ops.build(*astuple(config))
+    sections = dump_sections(spec, kernel)
     if args.out is None:
         for name, text in sections.items():
             print(f"; ===== {spec.name}.{name} =====\n{text.rstrip()}\n")
@@ -181,13 +175,52 @@ def cmd_dump(parser, args) -> int:
 
 # ---- verify -------------------------------------------------------------------------------
 
+# what verify compares: the output and the two MXFP8 hand-offs (scratch regions)
+VERIFIED = {"out": None, "xo": ("xo", "xo_codes"), "x8b": ("x8b", "x8b_codes")}
+
+
+def scratch_region(spec, scratch, name: str):
+    region = spec.region(name)
+    return scratch[region.offset:region.offset + region.bytes].view(spec.tokens, -1)
+
 
 def cmd_verify(parser, args) -> int:
-    from k2back.verify import verify
+    """The configuration's kernel in the emulator on make_inputs(seed) against
+    the reference of record; exit 1 on any metric outside its tolerance."""
+    config = one_config(parser, args)
+    import torch
 
-    report = verify(one_config(parser, args), seed=args.seed, perturb=args.perturb)
-    print(report.text())
-    return 0 if report.ok else 1
+    from k2back import ops
+    from k2back.codegen.metadata import resource_report
+    from k2back.reference import attention_back
+    from k2back.runtime.emu import EmuBackend
+    from k2back.runtime.launch import new_scratch
+    from k2back.testing import compare, make_inputs
+
+    spec, kernel = ops.build(config.geometry, config.tp, config.tokens, config.ratio, config.arch)
+    inputs = make_inputs(config.geometry, config.tp, config.tokens, config.ratio, args.seed)
+    want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
+    if args.perturb:  # a reference that differs from any correct kernel
+        want["out"] = want["out"] * 1.25
+    out = torch.empty(config.tokens, spec.hidden, dtype=torch.bfloat16)
+    scratch = new_scratch(spec, "cpu")
+    stats = EmuBackend().run(kernel, spec, {**inputs, "out": out}, scratch)
+    got = {"out": out, **{name: scratch_region(spec, scratch, name)
+                          for regions in VERIFIED.values() if regions for name in regions}}
+    print(f"{config}: {spec.name}, seed {args.seed}")
+    failures = 0
+    for name in VERIFIED:
+        try:
+            metrics = compare(name, got[name], want[name])
+        except AssertionError as e:
+            failures += 1
+            print(f"  {name}: MISMATCH {e}")
+        else:
+            print(f"  {name}: ok " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else
+                                             f"{k} {v}" for k, v in metrics.items()))
+    print(f"emulator: {stats}")
+    print(resource_report(kernel.metadata))
+    return 1 if failures else 0
 
 
 # ---- doctor / cache -----------------------------------------------------------------------
@@ -210,8 +243,7 @@ def cmd_cache(parser, args) -> int:
     elif args.action == "size":
         print(f"{cache.size_bytes()} bytes in {knobs.cache_dir()}")
     else:
-        cache.clear()
-        print(f"cleared {knobs.cache_dir()}")
+        print(f"removed {cache.clear()} entries from {knobs.cache_dir()}")
     return 0
 
 
