@@ -118,7 +118,8 @@ def cmd_warmup(parser, args) -> int:
     results = []
     with ProcessPoolExecutor(max_workers=min(args.jobs, len(todo)),
                              # spawn: the parent has torch loaded, a forked torch is unsafe
-                             mp_context=multiprocessing.get_context("spawn")) as pool:
+                             mp_context=multiprocessing.get_context("spawn"),
+                             initializer=configure_logging, initargs=(args.verbose,)) as pool:
         futures = [pool.submit(build, c) for c in todo]
         for future in tqdm(as_completed(futures), total=len(todo), desc="k2back warmup",
                            unit="kernel", disable=args.quiet):

@@ -14,10 +14,6 @@ from k2back.runtime import launch
 class EmuBackend:
     name = "emu"
 
-    def check_device(self, device: torch.device) -> None:
-        if device.type != "cpu":
-            raise ValueError(f"backend 'emu': expected CPU tensors, got tensors on {device}")
-
     def new_scratch(self, spec, device: torch.device) -> torch.Tensor:
         return launch.new_scratch(spec, device)
 

@@ -97,10 +97,6 @@ class HipBackend:
         require_runtime()
         self._functions: dict[tuple, object] = {}  # (device, kernel) -> hipFunction_t
 
-    def check_device(self, device: torch.device) -> None:
-        if device.type != "cuda":
-            raise ValueError(f"backend 'hip': expected GPU tensors, got tensors on {device}")
-
     def new_scratch(self, spec, device: torch.device) -> torch.Tensor:
         refuse_during_capture(f"allocating the scratch of {spec.name}")
         return launch.new_scratch(spec, device)
