@@ -14,14 +14,13 @@ from hashlib import sha256
 from pathlib import Path
 
 import pytest
+from test_compiler import AXPY, SCALED_MFMA
+from test_linker import fake_lld
 
 import k2back
 from k2back.codegen import compiler, llvm
 from k2back.codegen.compiler import CompileError, IRSource, cache_key, compile
 from k2back.runtime import cache
-
-from test_compiler import AXPY, SCALED_MFMA
-from test_linker import fake_lld
 
 FILES = ["axpy.hsaco", "axpy.json", "axpy.ll", "axpy.opt.ll", "axpy.s"]
 

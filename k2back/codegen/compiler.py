@@ -31,10 +31,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import k2back
 from k2back import knobs
@@ -45,7 +46,7 @@ from k2back.runtime import cache
 
 logger = logging.getLogger("k2back")
 
-__all__ = ["CompileError", "CompiledKernel", "IRSource", "compile", "parse_arch", "STAGES"]
+__all__ = ["STAGES", "CompileError", "CompiledKernel", "IRSource", "compile", "parse_arch"]
 
 
 class CompileError(RuntimeError):
@@ -144,7 +145,7 @@ class Worker:
 
     def _start(self) -> None:
         self._conn, child = multiprocessing.Pipe()
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 -- lives as long as the worker
         package_root = str(Path(k2back.__file__).parent.parent)
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             filter(None, (package_root, os.environ.get("PYTHONPATH"))))}
@@ -325,7 +326,7 @@ def cache_key(source) -> tuple[str, dict]:
     return cache.digest(factors), factors
 
 
-def compile(source) -> CompiledKernel:  # noqa: A001 -- the verb of this module, as in Triton
+def compile(source) -> CompiledKernel:
     """The source's code object: from the disk cache, or built and cached."""
     target = parse_arch(source.arch)
     key, factors = cache_key(source)

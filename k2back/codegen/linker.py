@@ -40,7 +40,7 @@ class Linker:
         """First line of `ld.lld --version`, e.g. 'LLD 22.1.8 (compatible with GNU linkers)'."""
         try:
             done = subprocess.run([*self.command, "--version"], capture_output=True, text=True,
-                                  timeout=60)
+                                  timeout=60, check=False)
         except OSError as e:
             raise LinkerError(f"{self.origin}: cannot run {self.command[0]}: {e}") from None
         if done.returncode != 0 or not done.stdout.strip():
@@ -54,7 +54,7 @@ class Linker:
             src, dst = Path(tmp, "kernel.o"), Path(tmp, "kernel.hsaco")
             src.write_bytes(obj)
             done = subprocess.run([*self.command, "-shared", str(src), "-o", str(dst)],
-                                  capture_output=True, text=True, timeout=300)
+                                  capture_output=True, text=True, timeout=300, check=False)
             if done.returncode != 0:
                 raise LinkerError(f"{' '.join(self.command)} -shared failed "
                                   f"(exit {done.returncode}):\n{done.stderr.strip()}")

@@ -99,8 +99,8 @@ _NOTE_KEYS = {
 # .amdhsa_* directives
 
 _KERNEL_BLOCK = re.compile(r"^\s*\.amdhsa_kernel\s+(\S+)\s*$(.*?)^\s*\.end_amdhsa_kernel",
-                           re.M | re.S)
-_DIRECTIVE = re.compile(r"^\s*\.amdhsa_(\w+)\s+(-?(?:0x[0-9a-fA-F]+|\d+))\s*$", re.M)
+                           re.MULTILINE | re.DOTALL)
+_DIRECTIVE = re.compile(r"^\s*\.amdhsa_(\w+)\s+(-?(?:0x[0-9a-fA-F]+|\d+))\s*$", re.MULTILINE)
 
 
 def parse_directives(asm: str, kernel: str | None = None) -> dict[str, int]:
@@ -291,20 +291,20 @@ def resource_report(meta: KernelMetadata) -> str:
     """A table for the CLI and the demo: what one workgroup of the kernel occupies."""
     limits = occupancy(meta)
     rows = [
-        ("VGPRs (arch + acc)", f"{meta.vgpr_count}"
-         + (f"  (accum_offset {meta.directives['accum_offset']})"
-            if "accum_offset" in meta.directives else "")),
+        ("VGPRs (arch + acc)", meta.vgpr_count),
+        ("accum_offset", meta.directives.get("accum_offset", "-")),
         ("AGPRs", meta.agpr_count),
         ("SGPRs", meta.sgpr_count),
         ("LDS", f"{meta.group_segment_size} B of {limits['lds_per_cu']} B per CU"),
         ("scratch", f"{meta.private_segment_size} B per lane"),
         ("spills", f"{meta.vgpr_spill_count} VGPR, {meta.sgpr_spill_count} SGPR"),
-        ("kernarg", f"{meta.kernarg_size} B (align {meta.kernarg_align}), "
-                    f"{sum(not a.value_kind.startswith('hidden_') for a in meta.args)} explicit args"),
+        ("kernarg", (f"{meta.kernarg_size} B (align {meta.kernarg_align}), "
+                     f"{sum(not a.value_kind.startswith('hidden_') for a in meta.args)} "
+                     "explicit args")),
         ("workgroup", f"up to {meta.max_flat_workgroup_size} threads, wave{meta.wavefront_size}"),
         ("waves/SIMD by VGPRs", limits["waves_per_simd_by_vgprs"]),
-        ("workgroups/CU", f"{limits['workgroups_per_cu_by_vgprs']} by VGPRs, "
-                          f"{limits['workgroups_per_cu_by_lds'] or 'no limit'} by LDS"),
+        ("workgroups/CU", (f"{limits['workgroups_per_cu_by_vgprs']} by VGPRs, "
+                           f"{limits['workgroups_per_cu_by_lds'] or 'no limit'} by LDS")),
     ]
     width = max(len(label) for label, _ in rows)
     return "\n".join([f"{meta.name} ({meta.target})",
