@@ -381,33 +381,7 @@ def test_denormal_mode_flushes_when_off():
 
 # --------------------------------------------------------------------------- MFMA
 
-
-def element_codes(element: str, rng, shape) -> tuple[np.ndarray, np.ndarray]:
-    """Random non-NaN codes of an element type and their values, decoded by ml_dtypes/torch."""
-    if element in ("bf16", "f16"):
-        dtype = torch.bfloat16 if element == "bf16" else torch.float16
-        values = torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(dtype)
-        return values.view(torch.int16).numpy().view(np.uint16).astype(
-            np.int64
-        ), values.float().numpy()
-    dtype = ELEMENT_DTYPES[element]
-    table = ml_decode(dtype, np.arange(1 << bits_of(element)))
-    usable = np.nonzero(np.isfinite(table))[0]
-    codes = rng.choice(usable, size=shape)
-    return codes, table[codes]
-
-
-ELEMENT_DTYPES = {
-    "e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
-    "e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
-    "e4m3fn": ml_dtypes.float8_e4m3fn,
-    "e5m2": ml_dtypes.float8_e5m2,
-    "e2m3": ml_dtypes.float6_e2m3fn,
-    "e3m2": ml_dtypes.float6_e3m2fn,
-    "e2m1": ml_dtypes.float4_e2m1fn,
-}
-BITS = {"bf16": 16, "f16": 16, "e2m3": 6, "e3m2": 6, "e2m1": 4}
-# what the mnemonic's element names are, per arch (SPEC §4) and per cbsz/blgp code
+# the element names of mnemonics per arch (SPEC §4), and of cbsz/blgp codes (gfx950)
 MNEMONIC_ELEMENTS = {
     ("gfx942", "fp8"): "e4m3fnuz",
     ("gfx942", "bf8"): "e5m2fnuz",
@@ -415,37 +389,51 @@ MNEMONIC_ELEMENTS = {
     ("gfx950", "bf8"): "e5m2",
 }
 F8F6F4_CODES = ["e4m3fn", "e5m2", "e2m3", "e3m2", "e2m1"]
+ML_ELEMENTS = {
+    "e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
+    "e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
+    "e4m3fn": ml_dtypes.float8_e4m3fn,
+    "e5m2": ml_dtypes.float8_e5m2,
+    "e2m1": ml_dtypes.float4_e2m1fn,
+}
+TORCH_ELEMENTS = {"bf16": torch.bfloat16, "f16": torch.float16}
+BITS = {"bf16": 16, "f16": 16, "e2m1": 4}
 
 
-def pack_lanes(codes_per_lane: list[list[int]], bits: int) -> np.ndarray:
-    """Lane-by-lane: element t of a lane at bit t·bits of the lane's little-endian
-    register tuple."""
-    regs = len(codes_per_lane[0]) * bits // 32
-    out = np.zeros((LANES, regs), dtype=np.uint32)
-    for lane, codes in enumerate(codes_per_lane):
-        word = 0
-        for t, code in enumerate(codes):
-            word |= int(code) << (t * bits)
-        for r in range(regs):
-            out[lane, r] = (word >> (32 * r)) & 0xFFFFFFFF
-    return out
+def element_codes(element: str, rng, shape) -> tuple[np.ndarray, np.ndarray]:
+    """Random non-NaN codes of an element type and their values (decoded by torch or
+    ml_dtypes)."""
+    if element in TORCH_ELEMENTS:
+        values = torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
+        values = values.to(TORCH_ELEMENTS[element])
+        return values.view(torch.int16).numpy().view(np.uint16), values.double().numpy()
+    table = ml_decode(ML_ELEMENTS[element], np.arange(1 << BITS.get(element, 8)))
+    codes = rng.choice(np.nonzero(np.isfinite(table))[0], size=shape)
+    return codes, table[codes].astype(np.float64)
 
 
-def pack_operand(
-    matrix_codes: np.ndarray, bits: int, m: int, k: int, transpose: bool
-) -> np.ndarray:
-    """SPEC §5: lane ℓ holds row (A) / column (B) ℓ % m and k = kpl·(ℓ // m) + 0..kpl−1."""
-    kpl = k // (LANES // m)
-    lanes = []
+def lane_k(lane: int, t: int, m: int, k: int, split_bytes: bool) -> int:
+    """k of element t of `lane`: one run of kpl (SPEC §5), or for 8-bit f8f6f4 operands
+    16 at k = 16·(lane // m) and 16 more at K/2 + 16·(lane // m) (AMD's CDNA4 matrix
+    core article)."""
+    group, kpl = lane // m, k * m // LANES
+    if not split_bytes:
+        return kpl * group + t
+    return 16 * group + t if t < 16 else k // 2 + 16 * group + t - 16
+
+
+def pack_operand(codes: np.ndarray, bits: int, m: int, k: int, split_bytes: bool) -> np.ndarray:
+    """[m, k] codes (rows of A or columns of B) -> [64, regs]: lane by lane, element t
+    of a lane at bit t·bits of its little-endian register tuple."""
+    kpl = k * m // LANES
+    regs = np.zeros((LANES, kpl * bits // 32), dtype=np.uint32)
     for lane in range(LANES):
-        index, k0 = lane % m, kpl * (lane // m)
-        lanes.append(
-            [
-                matrix_codes[k0 + t, index] if transpose else matrix_codes[index, k0 + t]
-                for t in range(kpl)
-            ]
-        )
-    return pack_lanes(lanes, bits)
+        stream = 0
+        for t in range(kpl):
+            stream |= int(codes[lane % m, lane_k(lane, t, m, k, split_bytes)]) << (t * bits)
+        for r in range(regs.shape[1]):
+            regs[lane, r] = (stream >> (32 * r)) & 0xFFFFFFFF
+    return regs
 
 
 def accumulator_position(m: int, lane: int, reg: int) -> tuple[int, int]:
@@ -455,10 +443,9 @@ def accumulator_position(m: int, lane: int, reg: int) -> tuple[int, int]:
 
 
 def to_lanes(matrix: np.ndarray, m: int) -> np.ndarray:
-    regs = m * m // LANES
-    out = np.zeros((LANES, regs), dtype=np.float32)
+    out = np.zeros((LANES, m * m // LANES), dtype=np.float32)
     for lane in range(LANES):
-        for reg in range(regs):
+        for reg in range(out.shape[1]):
             out[lane, reg] = matrix[accumulator_position(m, lane, reg)]
     return out
 
@@ -471,8 +458,15 @@ def from_lanes(lanes: np.ndarray, m: int) -> np.ndarray:
     return out
 
 
-def bits_of(element: str) -> int:
-    return BITS.get(element, 8)
+def scale_registers(rng, byte: int) -> tuple[np.ndarray, np.ndarray]:
+    """Random scale registers holding an E8M0 code in `byte`, and the codes."""
+    codes = rng.integers(118, 137, LANES)
+    regs = rng.integers(0, 2**32, LANES, dtype=np.uint64)
+    regs = (regs & ~np.uint64(0xFF << 8 * byte)) | (codes.astype(np.uint64) << np.uint64(8 * byte))
+    return regs.astype(np.uint32), codes
+
+
+F8F6F4_PAIRS = [(0, 0), (0, 1), (1, 0), (1, 1), (0, 4), (4, 1), (4, 4)]
 
 
 def mfma_cases():
@@ -480,27 +474,11 @@ def mfma_cases():
         for mnemonic in forms:
             names = mnemonic.split("_")
             if "f8f6f4" in mnemonic:
-                for cbsz, blgp in [
-                    (0, 0),
-                    (0, 1),
-                    (1, 0),
-                    (1, 1),
-                    (2, 3),
-                    (3, 4),
-                    (4, 2),
-                    (2, 2),
-                    (4, 4),
-                ]:
+                for cbsz, blgp in F8F6F4_PAIRS:
                     yield arch, mnemonic, F8F6F4_CODES[cbsz], F8F6F4_CODES[blgp], cbsz, blgp
             elif names[-1] in ("fp8", "bf8"):
-                yield (
-                    arch,
-                    mnemonic,
-                    MNEMONIC_ELEMENTS[arch, names[-2]],
-                    MNEMONIC_ELEMENTS[arch, names[-1]],
-                    0,
-                    0,
-                )
+                a, b = (MNEMONIC_ELEMENTS[arch, name] for name in names[-2:])
+                yield arch, mnemonic, a, b, 0, 0
             else:
                 yield arch, mnemonic, names[-1], names[-1], 0, 0
 
@@ -516,37 +494,41 @@ def test_mfma_matches_numpy(arch, mnemonic, a_elem, b_elem, cbsz, blgp):
     m, k = shape_of(mnemonic)
     rng = np.random.default_rng(zlib.crc32(f"{arch} {mnemonic} {cbsz} {blgp}".encode()))
     a_codes, a_values = element_codes(a_elem, rng, (m, k))
-    b_codes, b_values = element_codes(b_elem, rng, (k, m))
+    b_codes, b_values = element_codes(b_elem, rng, (m, k))  # B transposed: [column, k]
     c = rng.standard_normal((m, m)).astype(np.float32)
     kwargs = {}
     if "scale" in mnemonic:
-        # lane ℓ's scale byte covers its kpl values: A row ℓ % m / B column ℓ % m, k block ℓ // m
-        kpl, byte_a, byte_b = k // (LANES // m), int(rng.integers(4)), int(rng.integers(4))
-        a_exp = rng.integers(120, 135, LANES)
-        b_exp = rng.integers(120, 135, LANES)
-        scale_a = rng.integers(0, 2**32, LANES, dtype=np.uint32)
-        scale_b = rng.integers(0, 2**32, LANES, dtype=np.uint32)
+        # lane ℓ's byte scales row (A) / column (B) ℓ % m over k = 32·(ℓ // m) .. +31
+        byte_a, byte_b = (int(v) for v in rng.integers(4, size=2))
+        scale_a, codes_a = scale_registers(rng, byte_a)
+        scale_b, codes_b = scale_registers(rng, byte_b)
         for lane in range(LANES):
-            scale_a[lane] = (int(scale_a[lane]) & ~(0xFF << 8 * byte_a)) | int(
-                a_exp[lane]
-            ) << 8 * byte_a
-            scale_b[lane] = (int(scale_b[lane]) & ~(0xFF << 8 * byte_b)) | int(
-                b_exp[lane]
-            ) << 8 * byte_b
-            block = slice(kpl * (lane // m), kpl * (lane // m + 1))
-            a_values[lane % m, block] *= 2.0 ** (int(a_exp[lane]) - 127)
-            b_values[block, lane % m] *= 2.0 ** (int(b_exp[lane]) - 127)
-        kwargs = {"scale_a": scale_a, "scale_b": scale_b, "scale_a_byte": byte_a, "scale_b_byte": byte_b}
-    a = pack_operand(a_codes, bits_of(a_elem), m, k, transpose=False)
-    b = pack_operand(b_codes, bits_of(b_elem), m, k, transpose=True)
+            block = slice(32 * (lane // m), 32 * (lane // m) + 32)
+            a_values[lane % m, block] *= 2.0 ** (int(codes_a[lane]) - 127)
+            b_values[lane % m, block] *= 2.0 ** (int(codes_b[lane]) - 127)
+        kwargs = {"scale_a": scale_a, "scale_b": scale_b}
+        kwargs.update(scale_a_byte=byte_a, scale_b_byte=byte_b)
+    split = "f8f6f4" in mnemonic
+    a_bits, b_bits = BITS.get(a_elem, 8), BITS.get(b_elem, 8)
+    a = pack_operand(a_codes, a_bits, m, k, split and a_bits == 8)
+    b = pack_operand(b_codes, b_bits, m, k, split and b_bits == 8)
     assert a.shape[1] == form.a_regs(cbsz) and b.shape[1] == form.b_regs(blgp)
     got = from_lanes(form(a, b, to_lanes(c, m), cbsz=cbsz, blgp=blgp, **kwargs), m)
-    products = a_values.astype(np.float64) @ b_values.astype(np.float64)
-    want = products + c
-    magnitude = np.abs(a_values.astype(np.float64)) @ np.abs(b_values.astype(np.float64)) + np.abs(
-        c
-    )
+    want = a_values @ b_values.T + c
+    magnitude = np.abs(a_values) @ np.abs(b_values).T + np.abs(c)
     assert np.all(np.abs(got - want) <= 2.0**-23 * magnitude), np.abs(got - want).max()
+
+
+@pytest.mark.parametrize("cbsz,blgp", [(2, 0), (0, 3)])
+def test_mfma_refuses_fp6_operands(cbsz, blgp):
+    """Their lane layout is undocumented where we looked: no guessing."""
+    form = mf.mfma_form("gfx950", "v_mfma_scale_f32_16x16x128_f8f6f4")
+    a = np.zeros((LANES, form.a_regs(cbsz)), np.uint32)
+    b = np.zeros((LANES, form.b_regs(blgp)), np.uint32)
+    c = np.zeros((LANES, 4), np.float32)
+    scales = np.full(LANES, 127, np.uint32)
+    with pytest.raises(NotImplementedError, match="lane layout of e(2m3|3m2)"):
+        form(a, b, c, cbsz=cbsz, blgp=blgp, scale_a=scales, scale_b=scales)
 
 
 def test_mfma_rejects_bad_operands():
@@ -560,17 +542,14 @@ def test_mfma_rejects_bad_operands():
     with pytest.raises(ValueError, match="no scale"):
         form(a, a, c, scale_a=np.zeros(LANES, np.uint32))
     scaled = mf.mfma_form("gfx950", "v_mfma_scale_f32_16x16x128_f8f6f4")
+    eight = np.zeros((LANES, 8), np.uint32)
+    scales = np.zeros(LANES, np.uint32)
     with pytest.raises(ValueError, match="cbsz in 0..4"):
-        scaled(np.zeros((LANES, 8), np.uint32), np.zeros((LANES, 8), np.uint32), c, cbsz=5)
-    with pytest.raises(ValueError, match=r"b: expected registers of shape \(64, 6\)"):
-        scaled(
-            np.zeros((LANES, 8), np.uint32),
-            np.zeros((LANES, 8), np.uint32),
-            c,
-            blgp=2,
-            scale_a=np.zeros(LANES, np.uint32),
-            scale_b=np.zeros(LANES, np.uint32),
-        )
+        scaled(eight, eight, c, cbsz=5, scale_a=scales, scale_b=scales)
+    with pytest.raises(ValueError, match=r"b: expected registers of shape \(64, 4\)"):
+        scaled(eight, eight, c, blgp=4, scale_a=scales, scale_b=scales)
+    with pytest.raises(ValueError, match="expected scale operands"):
+        scaled(eight, eight, c)
     with pytest.raises(ValueError, match="not an MFMA form modelled for gfx942"):
         mf.mfma_form("gfx942", "v_mfma_f32_16x16x32_bf16")
 

@@ -5,32 +5,39 @@ its register counts and `form(a, b, c, **modifiers) -> d`, where `a`, `b` are th
 uint32 contents of the source tuples [64 lanes, regs], `c` the f32 accumulator
 [64, c_regs], `d` the f32 result [64, c_regs].
 
-Lane layouts (SPEC §5; the AMD matrix instruction calculator's rule for
-single-block MxNxK forms, M = N, G = 64 / M lane groups, kpl = K / G values a lane):
-  A: lane ℓ holds row ℓ % M, k = kpl·(ℓ // M) + 0 .. kpl−1, packed little-endian
-     (element 0 in the lowest bits of the first register);
-  B: lane ℓ holds column ℓ % M, same k;
+Lane layouts of single-block M x M x K forms, G = 64 / M lane groups, kpl = K / G
+values a lane, operand elements packed little-endian (element 0 in the lowest bits
+of the first register):
+  A: lane ℓ holds row ℓ % M; B: lane ℓ holds column ℓ % M. Element t of lane ℓ is
+     k = chunk·G·(t // chunk) + chunk·(ℓ // M) + t % chunk: the lane groups take
+     turns in runs of `chunk` consecutive k. For every form chunk = kpl
+     (k = kpl·(ℓ // M) + t, SPEC §5) except the 8-bit operands of the gfx950
+     f8f6f4 forms, where chunk = 16: lane group g holds k = 16g .. 16g+15 in
+     elements 0..15 and K/2 + 16g .. in elements 16..31 (AMD's CDNA3/CDNA4 matrix
+     core article, the 32x32x64 fp8 example kernel; fp4 there is one run of 32).
+     The lane layout of fp6/bf6 operands (cbsz/blgp 2, 3) is not documented where
+     we could read it: those raise.
   C/D: lane ℓ, register r holds column ℓ % M, row 4G·(r // 4) + 4·(ℓ // M) + r % 4
      (16x16: row 4·(ℓ // 16) + r; 32x32: row 8·(r // 4) + 4·(ℓ // 32) + r % 4).
-Scaled forms (gfx950 v_mfma_scale_*_f8f6f4): the E8M0 byte `scale_*_byte` of lane
-ℓ's scale register scales the kpl values lane ℓ holds (one 32-k block of one row
-of A or column of B); LLVM prints the byte select of A as op_sel[0] + 2·op_sel_hi[0]
-and of B as op_sel[1] + 2·op_sel_hi[1]. cbsz (A) and blgp (B) select the element
-format: 0 fp8 e4m3, 1 bf8 e5m2, 2 fp6 e2m3, 3 bf6 e3m2, 4 fp4 e2m1 (8, 8, 6, 6, 4
-registers).
+Scaled forms (gfx950 v_mfma_scale_*_f8f6f4): byte `scale_*_byte` of lane ℓ's scale
+register is the E8M0 scale of row (A) / column (B) ℓ % M over the 32-k block
+k = 32·(ℓ // M) .. +31, wherever the layout above puts those values. LLVM prints
+the byte select of A as op_sel[0] + 2·op_sel_hi[0], of B as op_sel[1] +
+2·op_sel_hi[1]. cbsz (A) and blgp (B) select the element format: 0 fp8 e4m3,
+1 bf8 e5m2, 2 fp6 e2m3, 3 bf6 e3m2, 4 fp4 e2m1 (8, 8, 6, 6, 4 registers).
 
 Arithmetic: element products are exact, summed over k in float64 (numpy matmul),
 C added, and the sum rounded to f32 once. Real MFMA hardware accumulates in its
-own order and precision, so results may differ from it in the last bits (never
-more than fp32 summation-order differences for our sizes). On the non-scaled
-single-block forms cbsz/abid/blgp (broadcast controls that only mean something
-for multi-block forms) must be 0: anything else raises.
+own order and precision, so results may differ from it in the last bits. On the
+non-scaled forms with a fixed element type, cbsz/abid/blgp (broadcast controls of
+multi-block forms) must be 0: anything else raises.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -51,7 +58,7 @@ class Element:
     decode: Callable[[np.ndarray], np.ndarray]
 
     def unpack(self, regs: np.ndarray) -> np.ndarray:
-        """uint32 [lanes, n] registers -> f32 [lanes, 32n / bits] elements, in k order."""
+        """uint32 [lanes, n] registers -> f32 [lanes, 32n / bits] elements, in slot order."""
         regs = np.ascontiguousarray(regs, dtype="<u4")
         if self.bits in (8, 16):
             codes = regs.view(f"<u{self.bits // 8}")
@@ -69,10 +76,23 @@ def _minifloat(fmt: nx.MiniFloat) -> Element:
 BF16 = Element("bf16", 16, nx.bf16_to_f32)
 F16 = Element("f16", 16, nx.f16_to_f32)
 
-# cbsz / blgp of the f8f6f4 forms -> element format (gfx950, OCP / MX formats)
+
+@dataclass(frozen=True)
+class Operand:
+    """An element type as one MFMA form lays it out in a lane: runs of `chunk`
+    consecutive k (None: the layout is unknown and the operand is refused)."""
+
+    element: Element
+    chunk: int | None
+
+
+# cbsz / blgp of the f8f6f4 forms -> operand (gfx950, OCP / MX formats)
 F8F6F4 = {
-    code: _minifloat(fmt)
-    for code, fmt in enumerate((nx.E4M3FN, nx.E5M2, nx.E2M3, nx.E3M2, nx.E2M1))
+    0: Operand(_minifloat(nx.E4M3FN), 16),
+    1: Operand(_minifloat(nx.E5M2), 16),
+    2: Operand(_minifloat(nx.E2M3), None),
+    3: Operand(_minifloat(nx.E3M2), None),
+    4: Operand(_minifloat(nx.E2M1), 32),
 }
 
 
@@ -85,56 +105,25 @@ def _elements(arch: str) -> dict[str, Element]:
 # --------------------------------------------------------------------------- layouts
 
 
-@dataclass(frozen=True)
-class Layout:
-    """Lane <-> matrix index maps of one M x M x K single-block MFMA shape."""
+@functools.cache
+def _operand_gather(m: int, k: int, chunk: int) -> np.ndarray:
+    """[m, k] indices into lane-major [64, kpl] values: where element (i, kk) sits."""
+    groups, kpl = WAVE // m, k * m // WAVE
+    i, kk = np.indices((m, k))
+    run, within = np.divmod(kk, groups * chunk)
+    group, offset = np.divmod(within, chunk)
+    return (i + m * group) * kpl + run * chunk + offset
 
-    m: int
-    k: int
-    a_gather: np.ndarray = field(init=False, repr=False, compare=False)
-    b_gather: np.ndarray = field(init=False, repr=False, compare=False)
-    c_gather: np.ndarray = field(init=False, repr=False, compare=False)
-    d_gather: np.ndarray = field(init=False, repr=False, compare=False)
 
-    @property
-    def groups(self) -> int:
-        return WAVE // self.m
-
-    @property
-    def per_lane(self) -> int:
-        return self.k // self.groups
-
-    @property
-    def c_regs(self) -> int:
-        return self.m * self.m // WAVE
-
-    def __post_init__(self):
-        m, kpl, nc = self.m, self.per_lane, self.c_regs
-        # operand element (row or column i, k index kk) sits in lane i + m·(kk // kpl), slot kk % kpl
-        i, kk = np.indices((m, self.k))
-        a = (i + m * (kk // kpl)) * kpl + kk % kpl
-        # accumulator element (row, col) sits in lane col + m·((row // 4) % G), register
-        # 4·(row // 4G) + row % 4
-        row, col = np.indices((m, m))
-        c = (col + m * ((row // 4) % self.groups)) * nc + 4 * (row // (4 * self.groups)) + row % 4
-        d = np.empty(WAVE * nc, dtype=np.int64)
-        d[c.ravel()] = np.arange(m * m)
-        for name, value in (("a_gather", a), ("b_gather", a.T), ("c_gather", c), ("d_gather", d)):
-            object.__setattr__(self, name, value)
-
-    def matrix_a(self, values: np.ndarray) -> np.ndarray:
-        """[64, kpl] lane values -> A [m, k]."""
-        return values.reshape(-1)[self.a_gather]
-
-    def matrix_b(self, values: np.ndarray) -> np.ndarray:
-        """[64, kpl] lane values -> B [k, m]."""
-        return values.reshape(-1)[self.b_gather]
-
-    def matrix_c(self, c: np.ndarray) -> np.ndarray:
-        return c.reshape(-1)[self.c_gather]
-
-    def lanes_d(self, d: np.ndarray) -> np.ndarray:
-        return d.reshape(-1)[self.d_gather].reshape(WAVE, self.c_regs)
+@functools.cache
+def _accumulator_gather(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(lanes -> [m, m] matrix, [m, m] matrix -> lanes) index maps of C/D."""
+    groups, regs = WAVE // m, m * m // WAVE
+    row, col = np.indices((m, m))
+    to_matrix = (col + m * ((row // 4) % groups)) * regs + 4 * (row // (4 * groups)) + row % 4
+    to_lanes = np.empty(WAVE * regs, dtype=np.int64)
+    to_lanes[to_matrix.ravel()] = np.arange(m * m)
+    return to_matrix, to_lanes.reshape(WAVE, regs)
 
 
 # --------------------------------------------------------------------------- forms
@@ -157,36 +146,62 @@ class MfmaForm:
     """One MFMA instruction; `a_element`/`b_element` None means chosen by cbsz/blgp."""
 
     mnemonic: str
-    layout: Layout
+    m: int
+    k: int
     a_element: Element | None
     b_element: Element | None
     scaled: bool = False
 
     @property
+    def groups(self) -> int:
+        return WAVE // self.m
+
+    @property
+    def per_lane(self) -> int:
+        return self.k // self.groups
+
+    @property
     def c_regs(self) -> int:
-        return self.layout.c_regs
+        return self.m * self.m // WAVE
 
     def a_regs(self, cbsz: int = 0) -> int:
-        return self._element("cbsz", self.a_element, cbsz).bits * self.layout.per_lane // 32
+        return self._regs(self._operand("cbsz", self.a_element, cbsz).element)
 
     def b_regs(self, blgp: int = 0) -> int:
-        return self._element("blgp", self.b_element, blgp).bits * self.layout.per_lane // 32
+        return self._regs(self._operand("blgp", self.b_element, blgp).element)
 
-    def _element(self, name: str, fixed: Element | None, select: int) -> Element:
+    def _regs(self, element: Element) -> int:
+        return element.bits * self.per_lane // 32
+
+    def _operand(self, name: str, fixed: Element | None, select: int) -> Operand:
         if fixed is not None:
             if select:
                 raise ValueError(
                     f"{self.mnemonic}: expected {name} 0 (broadcast controls of multi-block "
                     f"forms are not modelled), got {select}"
                 )
-            return fixed
+            return Operand(fixed, self.per_lane)
         if select not in F8F6F4:
             raise ValueError(f"{self.mnemonic}: expected {name} in 0..4, got {select!r}")
         return F8F6F4[select]
 
-    def operand(self, name: str, regs: np.ndarray, element: Element) -> np.ndarray:
-        _check_regs(name, regs, element.bits * self.layout.per_lane // 32)
-        return element.unpack(regs).astype(np.float64)
+    def _matrix(self, name: str, regs: np.ndarray, operand: Operand) -> np.ndarray:
+        """Registers -> the [m, k] matrix of row (A) / column (B) values, float64."""
+        if operand.chunk is None:
+            raise NotImplementedError(
+                f"{self.mnemonic}: the lane layout of {operand.element.name} operands is not "
+                f"documented where we could verify it; refusing to guess ({name})"
+            )
+        _check_regs(name, regs, self._regs(operand.element))
+        values = operand.element.unpack(regs).astype(np.float64)
+        return values.reshape(-1)[_operand_gather(self.m, self.k, operand.chunk)]
+
+    def _block_scales(self, scale: np.ndarray | None, byte: int) -> np.ndarray:
+        """[m, k] factors: lane ℓ's E8M0 byte over row ℓ % m, k-block ℓ // m."""
+        if scale is None:
+            raise ValueError(f"{self.mnemonic}: expected scale operands, got None")
+        blocks = _e8m0_factor(scale, byte).reshape(self.groups, self.m).T
+        return np.repeat(blocks, self.k // self.groups, axis=1)
 
     def __call__(
         self,
@@ -204,18 +219,18 @@ class MfmaForm:
     ) -> np.ndarray:
         if abid:
             raise ValueError(f"{self.mnemonic}: expected abid 0, got {abid}")
-        a_values = self.operand("a", a, self._element("cbsz", self.a_element, cbsz))
-        b_values = self.operand("b", b, self._element("blgp", self.b_element, blgp))
+        a_matrix = self._matrix("a", a, self._operand("cbsz", self.a_element, cbsz))
+        b_matrix = self._matrix("b", b, self._operand("blgp", self.b_element, blgp))
         _check_regs("c", c, self.c_regs)
         if self.scaled:
-            a_values = a_values * _e8m0_factor(scale_a, scale_a_byte)[:, None]
-            b_values = b_values * _e8m0_factor(scale_b, scale_b_byte)[:, None]
+            a_matrix = a_matrix * self._block_scales(scale_a, scale_a_byte)
+            b_matrix = b_matrix * self._block_scales(scale_b, scale_b_byte)
         elif scale_a is not None or scale_b is not None:
             raise ValueError(f"{self.mnemonic}: takes no scale operands")
-        lay = self.layout
-        d = lay.matrix_a(a_values) @ lay.matrix_b(b_values)
-        d += lay.matrix_c(np.asarray(c, dtype=np.float32)).astype(np.float64)
-        return lay.lanes_d(d).astype(np.float32)
+        to_matrix, to_lanes = _accumulator_gather(self.m)
+        d = a_matrix @ b_matrix.T
+        d += np.asarray(c, dtype=np.float32).reshape(-1)[to_matrix]
+        return d.reshape(-1)[to_lanes].astype(np.float32)
 
 
 # mnemonic, M, K, A element, B element ('f8f6f4': by cbsz/blgp), scaled, archs
@@ -243,14 +258,12 @@ _FORMS = [
 
 
 def _build() -> dict[str, dict[str, MfmaForm]]:
-    layouts: dict[tuple[int, int], Layout] = {}
     table: dict[str, dict[str, MfmaForm]] = {arch: {} for arch in nx.ARCHS}
     for mnemonic, m, k, a, b, scaled, archs in _FORMS:
-        layout = layouts.setdefault((m, k), Layout(m, k))
         for arch in archs:
             elements = _elements(arch)
             table[arch][mnemonic] = MfmaForm(
-                mnemonic, layout, elements.get(a), elements.get(b), scaled
+                mnemonic, m, k, elements.get(a), elements.get(b), scaled
             )
     return table
 
