@@ -13,10 +13,12 @@ of the first register):
      turns in runs of `chunk` consecutive k. For every form chunk = kpl
      (k = kpl·(ℓ // M) + t, SPEC §5) except the 8-bit operands of the gfx950
      f8f6f4 forms, where chunk = 16: lane group g holds k = 16g .. 16g+15 in
-     elements 0..15 and K/2 + 16g .. in elements 16..31 (AMD's CDNA3/CDNA4 matrix
-     core article, the 32x32x64 fp8 example kernel; fp4 there is one run of 32).
-     The lane layout of fp6/bf6 operands (cbsz/blgp 2, 3) is not documented where
-     we could read it: those raise.
+     elements 0..15 and K/2 + 16g .. in elements 16..31, while fp4 is one run of 32.
+     Two AMD sources agree: the CDNA3/CDNA4 matrix-core article's example kernels
+     (32x32x64, fp8 and fp4) and iree-org/wave's index map for 16x16x128 (k =
+     64·(t // 16) + 16·(ℓ // 16) + t % 16, fp4 and scales 32·(ℓ // 16)). SPEC §5's
+     "k = 32·(ℓ/16)+0..31" holds for fp4 only. The lane layout of fp6/bf6 operands
+     (cbsz/blgp 2, 3) is documented nowhere we could read: those raise.
   C/D: lane ℓ, register r holds column ℓ % M, row 4G·(r // 4) + 4·(ℓ // M) + r % 4
      (16x16: row 4·(ℓ // 16) + r; 32x32: row 8·(r // 4) + 4·(ℓ // 32) + r % 4).
 Scaled forms (gfx950 v_mfma_scale_*_f8f6f4): byte `scale_*_byte` of lane ℓ's scale
