@@ -8,6 +8,9 @@ from __future__ import annotations
 import io
 import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
@@ -209,3 +212,33 @@ def test_linker_failure_is_the_hsaco_stage(tmp_path, monkeypatch, private_cache)
         compile(IRSource(AXPY, "axpy", "gfx950"))
     assert error.value.ir_path.name == "axpy.opt.ll"  # what the object was made of
     assert cache_contents(private_cache) == []
+
+
+FORK_AFTER_COMPILE = """
+import os, sys
+sys.path.insert(0, sys.argv[1])
+from k2back.codegen import compiler
+from k2back.codegen.compiler import IRSource, compile
+from test_compiler import AXPY
+compile(IRSource(AXPY, "axpy", "gfx942"))  # the parent's worker is up
+parent_worker = compiler._worker._process.pid
+pid = os.fork()
+if pid == 0:  # the child builds something new, then leaves without cleanup handlers
+    try:
+        built = compile(IRSource(AXPY, "axpy", "gfx950:xnack-"))
+        own = compiler._worker._process.pid != parent_worker
+        os._exit(0 if own and built.metadata.target == "gfx950:xnack-" else 1)
+    except BaseException:
+        os._exit(2)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+# the parent's worker was not disturbed
+assert compile(IRSource(AXPY, "axpy", "gfx950:sramecc-")).metadata.target == "gfx950:sramecc-"
+"""
+
+
+def test_a_forked_child_gets_its_own_worker():
+    # in a fresh interpreter: forking a test process that may hold torch's threads is unsafe
+    done = subprocess.run([sys.executable, "-c", FORK_AFTER_COMPILE, str(Path(__file__).parent)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr

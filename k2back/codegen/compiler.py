@@ -142,6 +142,7 @@ class Worker:
     def __init__(self):
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
+        self._owner: int | None = None  # the pid that started the worker
 
     def _start(self) -> None:
         self._conn, child = multiprocessing.Pipe()
@@ -154,12 +155,15 @@ class Worker:
             pass_fds=(child.fileno(),), stdin=subprocess.DEVNULL, stdout=self._stderr,
             stderr=self._stderr, env=env)
         child.close()
+        self._owner = os.getpid()
 
     def run(self, stages: list, outputs: dict, timings: dict, target: Target) -> None:
         """Run `stages` in the worker, adding to `outputs` and `timings` as each
         finishes (so that a failure leaves what was built before it)."""
         with self._lock:
-            if self._process is None or self._process.poll() is not None:
+            # a forked child must not talk over its parent's pipe: it gets its own worker
+            if (self._owner != os.getpid() or self._process is None
+                    or self._process.poll() is not None):
                 self._start()
             mark = self._stderr.seek(0, os.SEEK_END)
             self._conn.send((stages, outputs, tuple(target)))
@@ -196,7 +200,7 @@ class Worker:
         return f"the LLVM worker process died ({cause})" + (f":\n{output}" if output else "")
 
     def close(self) -> None:
-        if self._process is not None:
+        if self._process is not None and self._owner == os.getpid():
             self._conn.close()  # the worker sees EOF and returns
             self._process.wait(timeout=10)
             self._process = None
