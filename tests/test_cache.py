@@ -14,7 +14,7 @@ from hashlib import sha256
 from pathlib import Path
 
 import pytest
-from test_compiler import AXPY, SCALED_MFMA
+from test_compiler import AXPY, SCALED_MFMA, private_cache  # noqa: F401 -- autouse fixture
 from test_linker import fake_lld
 
 import k2back
@@ -25,13 +25,10 @@ from k2back.runtime import cache
 FILES = ["axpy.hsaco", "axpy.json", "axpy.ll", "axpy.opt.ll", "axpy.s"]
 
 
-@pytest.fixture(autouse=True)
-def root(tmp_path, monkeypatch):
-    for knob in ("K2BACK_ALWAYS_COMPILE", "K2BACK_DUMP_DIR", "K2BACK_ASSERT_NO_COMPILE",
-                 "K2BACK_LLD"):
-        monkeypatch.delenv(knob, raising=False)
-    monkeypatch.setenv("K2BACK_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
+@pytest.fixture
+def root(request):
+    """The private cache dir every test here runs with."""
+    return request.getfixturevalue("private_cache")
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import struct
 import pytest
 import yaml
 from elftools.elf.elffile import ELFFile
-from test_compiler import module
+from test_compiler import module, private_cache  # noqa: F401 -- autouse fixture
 
 from k2back.codegen import llvm, metadata
 from k2back.codegen.compiler import IRSource, compile
@@ -72,11 +72,6 @@ define amdgpu_kernel void @scratch(ptr addrspace(1) %out, i32 %i, i32 %j) {
   ret void
 }
 """)
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("K2BACK_CACHE_DIR", str(tmp_path / "cache"))
 
 
 @pytest.fixture(scope="module", params=llvm.ARCHS)
