@@ -51,6 +51,13 @@ RAW_STRIDE = KV_DATA_BYTES + KV_SCALE_BYTES + 8
 # column of 16 heads hit different banks.
 Q_ROW = 2 * HEAD_DIM + 16
 P_PAD = 16  # bytes after a head's row of bf16 p
+# A record as one lane group's 16-B loads take it: (name, byte offset in the
+# record, byte offset of the same dims in a bf16 q row). Lane group g adds
+# 16·g to the record offset, so four groups cover each 64-B piece.
+RECORD_PIECES = (
+    *((f"n{j}", 64 * j, 2 * 64 * j) for j in range(NOPE_DIM // 64)),  # e4m3, a code each
+    *((f"r{j}", NOPE_DIM + 64 * j, 2 * NOPE_DIM + 64 * j) for j in range(2 * ROPE_DIM // 64)),
+)
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,14 @@ class AttentionPlan:
     lds: dict[str, tuple[int, int]] = field(hash=False)
     lds_bytes: int
     scratch: dict[str, int] = field(hash=False)
+
+    q_row = Q_ROW
+    raw_stride = RAW_STRIDE
+    record_pieces = RECORD_PIECES
+
+    @property
+    def p_row(self) -> int:
+        return 2 * self.chunk_keys + P_PAD
 
     @property
     def combine_heads(self) -> int:
