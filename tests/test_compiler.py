@@ -242,3 +242,13 @@ def test_a_forked_child_gets_its_own_worker():
     done = subprocess.run([sys.executable, "-c", FORK_AFTER_COMPILE, str(Path(__file__).parent)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_device_target_id_overrides_the_sources_features():
+    source = IRSource(AXPY, "axpy", "gfx942")
+    kernel = compile(source, arch="gfx942:sramecc+:xnack-")
+    assert (kernel.arch, kernel.features) == ("gfx942", "+sramecc,-xnack")
+    assert kernel.metadata.target == "gfx942:sramecc+:xnack-"
+    assert kernel.key != compile(source).key
+    with pytest.raises(ValueError, match="arch: expected a target ID of .* gfx942, got 'gfx950'"):
+        compile(source, arch="gfx950")

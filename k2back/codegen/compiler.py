@@ -236,20 +236,27 @@ def _run_stages(entry: str, outputs: dict, timings: dict, target: Target) -> Non
             timings[stage] = time.perf_counter() - start
 
 
-def _save_for_inspection(name: str, key: str, texts: dict[str, str]) -> Path:
-    """Keep the IR of a failed build: in K2BACK_DUMP_DIR if set, else a kept temp dir."""
-    root = knobs.dump_dir()
-    if root is not None:
-        directory = Path(root, f"{name}-{key[:12]}")
-        directory.mkdir(parents=True, exist_ok=True)
-    else:
-        directory = Path(tempfile.mkdtemp(prefix=f"k2back-{name}-"))
-    for stage, text in texts.items():
-        (directory / f"{name}.{stage}").write_text(text)
+def _dump_directory(name: str, key: str) -> Path:
+    directory = Path(knobs.dump_dir(), f"{name}-{key[:12]}")
+    directory.mkdir(parents=True, exist_ok=True)
     return directory
 
 
-def _failure(source, key: str, entry: str, outputs: dict, error: _StageFailed) -> CompileError:
+def _write_ir(directory: Path, name: str, texts: dict[str, str]) -> Path:
+    for suffix, text in texts.items():
+        (directory / f"{name}.{suffix}").write_text(text)
+    return directory
+
+
+def _save_for_inspection(name: str, key: str, texts: dict[str, str]) -> Path:
+    """Keep the IR of a failed build: in K2BACK_DUMP_DIR if set, else a kept temp dir."""
+    directory = (_dump_directory(name, key) if knobs.dump_dir() is not None
+                 else Path(tempfile.mkdtemp(prefix=f"k2back-{name}-")))
+    return _write_ir(directory, name, texts)
+
+
+def _failure(source, target: Target, key: str, entry: str, outputs: dict,
+             error: _StageFailed) -> CompileError:
     # The source's text is saved under the entry stage's name: it *is* that IR.
     texts = {entry if stage == SOURCE else stage: value for stage, value in outputs.items()
              if isinstance(value, str) and stage != "s"}
@@ -259,7 +266,7 @@ def _failure(source, key: str, entry: str, outputs: dict, error: _StageFailed) -
         consumed = STAGES[consumed].source
     suffix = entry if consumed == SOURCE else consumed
     saved = _save_for_inspection(source.name, key, texts) / f"{source.name}.{suffix}"
-    return CompileError(f"kernel {source.name!r} ({source.arch}): stage {error.stage!r} failed: "
+    return CompileError(f"kernel {source.name!r} ({target.target_id}): stage {error.stage!r} failed: "
                         f"{error}\nits input IR is saved at {saved}",
                         kernel=source.name, stage=error.stage, ir_path=saved)
 
@@ -277,7 +284,7 @@ def _build(source, target: Target, key: str) -> tuple[dict[str, bytes], Compiled
     try:
         _run_stages(entry, outputs, timings, target)
     except _StageFailed as e:
-        raise _failure(source, key, entry, outputs, e) from None
+        raise _failure(source, target, key, entry, outputs, e) from None
     start = time.perf_counter()
     meta = metadata.read(outputs["hsaco"], source.name, outputs["s"])
     if meta.target != target.target_id:  # the features must have reached LLVM
@@ -316,24 +323,36 @@ def _from_entry(name: str, target: Target, key: str, path: Path,
 
 
 def _dump(built: CompiledKernel) -> None:
-    directory = Path(knobs.dump_dir(), f"{built.name}-{built.key[:12]}")
-    directory.mkdir(parents=True, exist_ok=True)
-    for suffix, text in (("ll", built.ir), ("opt.ll", built.opt_ir), ("s", built.asm)):
-        (directory / f"{built.name}.{suffix}").write_text(text)
+    directory = _write_ir(_dump_directory(built.name, built.key), built.name,
+                          {"ll": built.ir, "opt.ll": built.opt_ir, "s": built.asm})
     logger.info("k2back: dumped %s to %s", built.name, directory)
 
 
-def cache_key(source) -> tuple[str, dict]:
-    """(key, factors) of a source's build in this environment."""
+def build_target(source, arch: str | None = None) -> Target:
+    """The source's target, or `arch` for the same processor: a device's target
+    ID (gcnArchName, e.g. gfx942:sramecc+:xnack-) changes the build, not the source."""
     target = parse_arch(source.arch)
+    if arch is None:
+        return target
+    chosen = parse_arch(arch)
+    if chosen.arch != target.arch:
+        raise ValueError(f"arch: expected a target ID of the source's processor {target.arch}, "
+                         f"got {arch!r}")
+    return chosen
+
+
+def cache_key(source, arch: str | None = None) -> tuple[str, dict]:
+    """(key, factors) of a source's build in this environment."""
+    target = build_target(source, arch)
     factors = cache.key_factors(source.key(), target.arch, target.features, _toolchain())
     return cache.digest(factors), factors
 
 
-def compile(source) -> CompiledKernel:
-    """The source's code object: from the disk cache, or built and cached."""
-    target = parse_arch(source.arch)
-    key, factors = cache_key(source)
+def compile(source, arch: str | None = None) -> CompiledKernel:
+    """The source's code object: from the disk cache, or built and cached.
+    `arch`: build for this target ID of the source's processor (see build_target)."""
+    target = build_target(source, arch)
+    key, factors = cache_key(source, arch)
     store = cache.Cache()
     # A dump must come from a real build, so it forces one (as does ALWAYS_COMPILE).
     use_hits = not (knobs.always_compile() or knobs.dump_dir() is not None)
@@ -345,7 +364,7 @@ def compile(source) -> CompiledKernel:
             return dataclasses.replace(hit, timings={"cache load": time.perf_counter() - start})
         if knobs.assert_no_compile():
             raise CompileError(
-                f"K2BACK_ASSERT_NO_COMPILE is set, but kernel {source.name!r} ({source.arch}) "
+                f"K2BACK_ASSERT_NO_COMPILE is set, but kernel {source.name!r} ({target.target_id}) "
                 f"is not in the cache {store.root} (key {key}): warm the cache up first",
                 kernel=source.name)
         files, built = _build(source, target, key)
