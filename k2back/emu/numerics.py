@@ -151,46 +151,59 @@ def fp8_format(arch: str, kind: str) -> MiniFloat:
 # --------------------------------------------------------------------------- encode
 
 
+def _round_to_codes(fmt: MiniFloat, bits: np.ndarray) -> np.ndarray:
+    """The rounding rule, applied by searching the f32 bit patterns of midpoints.
+
+    Magnitude codes 0 .. max_finite_code + 1 have increasing values; the last is
+    the first code past the largest finite value, which is exactly the overflow
+    result of every fp8 format (NaN 0x7F for e4m3fn, NaN 0x80 for FNUZ — the sign
+    bit alone, so the sign cannot change it — and inf 0x7C for e5m2), so rounding
+    to nearest even onto these codes with an unbounded exponent is the whole rule.
+    Non-negative f32 bit patterns sort like their values.
+    """
+    overflow = fmt.max_finite_code + 1
+    values = fmt.magnitude(np.arange(overflow + 1))
+    midpoints = ((values[1:] + values[:-1]) / 2).astype(np.float32).view(np.uint32)
+    magnitude = bits & np.uint32(0x7FFFFFFF)
+    code = np.searchsorted(midpoints, magnitude, side="left")
+    tie = midpoints[np.minimum(code, len(midpoints) - 1)] == magnitude
+    code += tie & (code % 2 == 1)  # a tie goes to the even code
+    quiet_nan = overflow + 2 if fmt.specials is Specials.IEEE else overflow
+    code = np.where(magnitude > np.uint32(0x7F800000), quiet_nan, code)
+    signed = np.where(bits >> np.uint32(31), code | fmt.sign_bit, code)
+    if fmt.specials is Specials.FNUZ:
+        signed = np.where(code == 0, 0, signed)  # no negative zero
+    return signed.astype(np.uint8)
+
+
 @dataclass(frozen=True)
 class _Encoder:
-    """Round-to-nearest-even onto a format's positive grid, by table search.
+    """`_round_to_codes` as one table lookup. Midpoints of neighbouring fp8 values
+    have at most mantissa_bits + 1 fraction bits, so an f32's code depends only on
+    its bits above `shift` and on whether any bit below is set."""
 
-    The grid holds the values of magnitude codes 0 .. max_finite_code + 1; the
-    last one is the first code past the largest finite value, which is exactly
-    the overflow result of every fp8 format (NaN 0x7F for e4m3fn, NaN 0x80 for
-    FNUZ — the sign bit alone, so the sign cannot change it — and inf 0x7C for
-    e5m2), so rounding onto the grid with an unbounded exponent is the whole rule.
-    """
-
-    grid: np.ndarray
-    nan_code: int  # magnitude code of a NaN result
+    shift: int
+    table: np.ndarray  # uint8, indexed by (bits >> shift) << 1 | (low bits != 0)
 
     @classmethod
     def of(cls, fmt: MiniFloat) -> _Encoder:
-        overflow = fmt.max_finite_code + 1
-        quiet_nan = overflow + 2 if fmt.specials is Specials.IEEE else overflow
-        return cls(fmt.magnitude(np.arange(overflow + 1)).astype(np.float64), quiet_nan)
+        shift = 23 - (fmt.mantissa_bits + 1)
+        index = np.arange(2 << (32 - shift), dtype=np.uint64)
+        representatives = ((index >> np.uint64(1)) << np.uint64(shift)) | (index & np.uint64(1))
+        return cls(shift, _round_to_codes(fmt, representatives.astype(np.uint32)))
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        bits = _f32(x).view(np.uint32)
+        low_set = (bits & np.uint32((1 << self.shift) - 1)) != 0
+        return self.table[((bits >> np.uint32(self.shift)) << np.uint32(1)) | low_set]
 
 
 _ENCODERS = {fmt: _Encoder.of(fmt) for fmt in FP8_FORMATS.values()}
 
 
 def encode(fmt: MiniFloat, x: np.ndarray) -> np.ndarray:
-    """Round f32/f64 values to `fmt` codes (uint8) as the hardware converts do."""
-    enc = _ENCODERS[fmt]
-    x = np.asarray(x, dtype=np.float64)
-    magnitude = np.abs(x)
-    grid = enc.grid
-    hi = np.minimum(np.searchsorted(grid, magnitude, side="left"), len(grid) - 1)
-    lo = np.maximum(hi - 1, 0)
-    below, above = magnitude - grid[lo], grid[hi] - magnitude
-    round_up = (above < below) | ((above == below) & (hi % 2 == 0)) | (magnitude > grid[-1])
-    code = np.where(round_up, hi, lo)
-    code = np.where(np.isnan(x), enc.nan_code, code)
-    signed = np.where(np.signbit(x), code | fmt.sign_bit, code)
-    if fmt.specials is Specials.FNUZ:
-        signed = np.where(code == 0, 0, signed)  # no negative zero
-    return signed.astype(np.uint8)
+    """Round f32 values to `fmt` codes (uint8) as the hardware converts do."""
+    return _ENCODERS[fmt](x)
 
 
 def decode(fmt: MiniFloat, codes: np.ndarray) -> np.ndarray:
@@ -222,8 +235,17 @@ def _insert_word(old: np.ndarray, word: np.ndarray, word_sel: int) -> np.ndarray
     return (np.asarray(old, dtype=np.uint32) & keep) | (word.astype(np.uint32) << shift)
 
 
-def _pack_bytes(low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    return low.astype(np.uint32) | (high.astype(np.uint32) << np.uint32(8))
+def _word_bytes(src: np.ndarray, word_sel: int) -> np.ndarray:
+    """The two bytes of 16-bit word `word_sel` of each dword, [lanes, 2] uint8."""
+    _check_select("word_sel", word_sel, 2)
+    word = (np.asarray(src, dtype=np.uint32) >> np.uint32(16 * word_sel)).astype("<u2")
+    return word[..., None].view(np.uint8)
+
+
+def _encode_pair(fmt: MiniFloat, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Two f32 arrays -> one 16-bit word of codes each, `low` in the low byte."""
+    codes = encode(fmt, np.stack([_f32(low), _f32(high)], axis=-1))
+    return codes.view("<u2")[..., 0]
 
 
 # --------------------------------------------------------------------------- fp8 converts
@@ -237,8 +259,7 @@ def cvt_f32_fp8(fmt: MiniFloat, src: np.ndarray, byte_sel: int = 0) -> np.ndarra
 
 def cvt_pk_f32_fp8(fmt: MiniFloat, src: np.ndarray, word_sel: int = 0) -> np.ndarray:
     """v_cvt_pk_f32_{fp8,bf8}: the two bytes of word `word_sel` -> f32 [lanes, 2]."""
-    _check_select("word_sel", word_sel, 2)
-    return np.stack([decode(fmt, _byte(src, 2 * word_sel + i)) for i in range(2)], axis=-1)
+    return decode(fmt, _word_bytes(src, word_sel))
 
 
 def cvt_pk_fp8_f32(
@@ -246,8 +267,7 @@ def cvt_pk_fp8_f32(
 ) -> np.ndarray:
     """v_cvt_pk_{fp8,bf8}_f32: src0 -> low byte, src1 -> high byte of word `word_sel`
     of the destination; the other word keeps `old` (op_sel[3] selects the word)."""
-    packed = _pack_bytes(encode(fmt, _f32(src0)), encode(fmt, _f32(src1)))
-    return _insert_word(old, packed, word_sel)
+    return _insert_word(old, _encode_pair(fmt, src0, src1), word_sel)
 
 
 # --------------------------------------------------------------------------- gfx950 scaled
@@ -302,10 +322,13 @@ def cvt_scalef32_pk_fp8_f32(
     word_sel: int = 0,
 ) -> np.ndarray:
     """v_cvt_scalef32_pk_{fp8,bf8}_f32: like cvt_pk_fp8_f32 after dividing by the scale."""
+    # x / 2^e is exact in f64; rounding it to f32 changes nothing an fp8 can tell:
+    # only results past the f32 range (still an overflow) or deep in its
+    # denormals (still zero) are rounded.
     factor = scale_factor(scale)
-    low = encode(fmt, _f32(src0).astype(np.float64) / factor)
-    high = encode(fmt, _f32(src1).astype(np.float64) / factor)
-    return _insert_word(old, _pack_bytes(low, high), word_sel)
+    with np.errstate(over="ignore", under="ignore"):
+        low, high = ((_f32(src) / factor).astype(np.float32) for src in (src0, src1))
+    return _insert_word(old, _encode_pair(fmt, low, high), word_sel)
 
 
 def cvt_scalef32_pk_fp8_bf16(fmt: MiniFloat, src, scale, old, word_sel: int = 0) -> np.ndarray:
