@@ -46,15 +46,18 @@ class SumOrder:
         0 = one matmul.
     folded: `qk_scale·log2(e)` folded into one fp32 constant, `/ L` as
         `· (1/L)`, and the inverse RoPE's `e·cos + o·sin` rounded once (fma).
+    exp2_ulp: every other exp2 result one ulp off, as the hardware's
+        v_exp_f32 (accurate to 1 ulp) may be.
     """
 
     reverse: bool = False
     k_block: int = 0
     folded: bool = False
+    exp2_ulp: bool = False
 
 
 NATURAL = SumOrder()
-ALTERNATE = SumOrder(reverse=True, k_block=16, folded=True)
+ALTERNATE = SumOrder(reverse=True, k_block=16, folded=True, exp2_ulp=True)
 
 
 # --- building blocks ---------------------------------------------------------
@@ -70,6 +73,14 @@ def _matmul(a: torch.Tensor, b: torch.Tensor, order: SumOrder) -> torch.Tensor:
         part = a[..., k0:k0 + order.k_block] @ b[..., k0:k0 + order.k_block, :]
         acc = part if acc is None else acc + part
     return acc
+
+
+def _exp2(x: torch.Tensor, order: SumOrder) -> torch.Tensor:
+    r = torch.exp2(x)
+    if not order.exp2_ulp:
+        return r
+    odd = (torch.arange(r.numel(), device=r.device) % 2 == 1).reshape(r.shape)
+    return torch.where(odd & (r > 0) & torch.isfinite(r), torch.nextafter(r, torch.full_like(r, math.inf)), r)
 
 
 def _flip_keys(x: torch.Tensor, order: SumOrder, dim: int) -> torch.Tensor:
@@ -137,7 +148,7 @@ def split_stage(q, keys, valid, chunk_keys: int, qk_scale: float, order: SumOrde
     s = dots.masked_fill(~ok[:, :, None, :], -math.inf)
     live = ok.any(-1)[:, :, None]  # a chunk with no valid key is skipped
     m = torch.where(live, s.amax(-1), -math.inf)
-    p = torch.where(ok[:, :, None, :], torch.exp2(s - m[..., None]), 0.0)
+    p = torch.where(ok[:, :, None, :], _exp2(s - m[..., None], order), 0.0)
     l_sum = p.sum(-1)
     partial = bf16_round(_matmul(bf16_round(p), k, order))  # [S, C, H, 512]
     scores = _flip_keys(s, order, 3).permute(0, 2, 1, 3).flatten(2)[..., : keys.shape[1]]
@@ -149,10 +160,10 @@ def combine_stage(m, l_sum, partial, sink, order: SumOrder):
     sigma = sink.float() * LOG2E
     big_m = torch.maximum(m.amax(1), sigma)  # [S, H]
     chunks = range(m.shape[1])
-    total = torch.exp2(sigma - big_m)
+    total = _exp2(sigma - big_m, order)
     acc = torch.zeros_like(partial[:, 0])
     for c in reversed(chunks) if order.reverse else chunks:
-        w = torch.where(m[:, c] > -math.inf, torch.exp2(m[:, c] - big_m), 0.0)
+        w = torch.where(m[:, c] > -math.inf, _exp2(m[:, c] - big_m, order), 0.0)
         total = total + l_sum[:, c] * w
         acc = acc + partial[:, c] * w[..., None]
     o = acc * (1.0 / total)[..., None] if order.folded else acc / total[..., None]
@@ -203,31 +214,55 @@ def attention_back(q, key_table, key_len, positions, swa_cache, swa_block, comp_
     }
 
 
+def _keys_one_by_one(key_table, key_len, swa_cache, swa_block, comp_cache, comp_block):
+    """The key-table rules walked entry by entry in Python (independent of
+    gather_keys): float64 keys [S, KEYS, 512], valid mask."""
+    s, width = key_table.shape
+    keys = torch.zeros(s, width, HEAD_DIM, dtype=torch.float64)
+    valid = torch.zeros(s, width, dtype=torch.bool)
+    for t, row in enumerate(key_table.tolist()):
+        for k, entry in enumerate(row[: int(key_len[t])]):
+            if entry == -1:
+                continue
+            cache, block = (comp_cache, comp_block) if entry < 0 else (swa_cache, swa_block)
+            slot = torch.tensor([entry & 0x7FFFFFFF])
+            keys[t, k] = unpack_kv(cache, block, slot)[0].double()
+            valid[t, k] = True
+    return keys, valid
+
+
+def _inverse_rope_complex(y: torch.Tensor, cos_sin: torch.Tensor, positions) -> torch.Tensor:
+    """Inverse GPT-J RoPE as a complex product: (e + i·o) · conj(cos + i·sin)."""
+    half = ROPE_DIM // 2
+    pairs = torch.view_as_complex(y[..., NOPE_DIM:].reshape(*y.shape[:-1], half, 2).contiguous())
+    row = cos_sin[positions.long()].double()
+    rot = torch.complex(row[:, :half], -row[:, half:])[:, None, :]
+    return torch.cat([y[..., :NOPE_DIM], torch.view_as_real(pairs * rot).flatten(-2)], dim=-1)
+
+
 def attention_back_f64(q, key_table, key_len, positions, swa_cache, swa_block, comp_cache,
                        comp_block, cos_sin, sink, wo_a, wo_a_scale, wo_b, wo_b_scale, *,
                        qk_scale=None, intermediates=False, **_ignored):
-    """The float64 oracle: softmax with sink over every valid key, inverse RoPE,
+    """The float64 oracle: softmax over [valid logits, sink], inverse RoPE,
     wo_a per group, wo_b; no bf16 or fp8 rounding of activations (keys and
-    weights dequantized exactly; cos_sin taken as given). Chunking does not
-    exist here (`chunk_keys` and `order` are accepted and ignored).
-    Returns out (float64 [S, hidden]) or a dict with out, o, y, z."""
+    weights dequantized exactly; cos_sin taken as given). Written apart from
+    attention_back (own key-table walk, natural-log softmax, complex RoPE,
+    einsum GEMVs) so that it checks the reference's semantics too. Chunking
+    does not exist here (`chunk_keys` and `order` are accepted and ignored).
+    CPU. Returns out (float64 [S, hidden]) or a dict with out, o, y, z."""
     qk_scale = HEAD_DIM**-0.5 if qk_scale is None else qk_scale
     s, heads = q.shape[:2]
-    keys, valid = gather_keys(key_table, key_len, swa_cache, swa_block, comp_cache, comp_block)
-    keys = keys.double()
-    logits = (q.double() @ keys.transpose(1, 2)) * qk_scale  # [S, H, KEYS], natural log
+    keys, valid = _keys_one_by_one(key_table, key_len, swa_cache, swa_block, comp_cache,
+                                   comp_block)
+    logits = torch.einsum("thd,tkd->thk", q.double(), keys) * qk_scale
     logits = logits.masked_fill(~valid[:, None, :], -math.inf)
-    sink = sink.double()[None, :]
-    big_m = torch.maximum(logits.amax(-1), sink)
-    p = torch.where(valid[:, None, :], torch.exp(logits - big_m[..., None]), 0.0)
-    total = p.sum(-1) + torch.exp(sink - big_m)
-    o = (p @ keys) / total[..., None]
-    o = torch.where((~(total > 0) | torch.isposinf(sink))[..., None], 0.0, o)
-    y = inverse_rope(o, cos_sin.double(), positions)
-    groups = heads // HEADS_PER_GROUP
+    with_sink = torch.cat([logits, sink.double()[None, :, None].expand(s, heads, 1)], dim=-1)
+    p = torch.softmax(with_sink, dim=-1)[..., :-1]
+    # NaN exactly where SPEC defines o = 0: nothing to weigh, or an infinite sink
+    o = torch.nan_to_num(torch.einsum("thk,tkd->thd", p, keys), nan=0.0)
+    y = _inverse_rope_complex(o, cos_sin, positions)
     wa = mxfp8_dequantize_weight(wo_a, wo_a_scale).double()
-    wa = wa.reshape(groups, -1, wa.shape[1])
-    z = (y.reshape(s, groups, -1).transpose(0, 1) @ wa.transpose(1, 2)).transpose(0, 1)
-    z = z.reshape(s, -1)
-    out = z @ mxfp8_dequantize_weight(wo_b, wo_b_scale).double().T
+    wa = wa.reshape(heads // HEADS_PER_GROUP, -1, wa.shape[1])  # [G, o_rank, 8·512]
+    z = torch.einsum("tgk,grk->tgr", y.reshape(s, wa.shape[0], -1), wa).reshape(s, -1)
+    out = torch.einsum("tk,nk->tn", z, mxfp8_dequantize_weight(wo_b, wo_b_scale).double())
     return {"out": out, "o": o, "y": y, "z": z} if intermediates else out
