@@ -265,6 +265,15 @@ def test_scale_field_255_is_nan():
     assert np.isnan(got[0])
 
 
+def test_packed_encode_takes_a_constant_operand():
+    """`v_cvt_pk_fp8_f32 v0, v1, 0`: the constant is the same for every lane."""
+    fmt, dtype = nx.fp8_format("gfx942", "fp8"), ML_FP8["gfx942", "fp8"]
+    x = np.random.default_rng(31).standard_normal(LANES).astype(np.float32) * 50
+    got = nx.cvt_pk_fp8_f32(fmt, x, np.float32(-3.0), np.uint32(0), 0)
+    np.testing.assert_array_equal(got & np.uint32(0xFF), ml_encode(dtype, x))
+    np.testing.assert_array_equal(got >> np.uint32(8), ml_encode(dtype, np.full(LANES, -3.0)))
+
+
 def test_selects_are_checked():
     fmt = nx.fp8_format("gfx950", "fp8")
     with pytest.raises(ValueError, match="byte_sel"):

@@ -244,7 +244,8 @@ def _word_bytes(src: np.ndarray, word_sel: int) -> np.ndarray:
 
 def _encode_pair(fmt: MiniFloat, low: np.ndarray, high: np.ndarray) -> np.ndarray:
     """Two f32 arrays -> one 16-bit word of codes each, `low` in the low byte."""
-    codes = encode(fmt, np.stack([_f32(low), _f32(high)], axis=-1))
+    # an operand may be one value for every lane (an SGPR or an inline constant)
+    codes = encode(fmt, np.stack(np.broadcast_arrays(_f32(low), _f32(high)), axis=-1))
     return codes.view("<u2")[..., 0]
 
 
