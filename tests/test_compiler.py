@@ -252,3 +252,10 @@ def test_a_device_target_id_overrides_the_sources_features():
     assert kernel.key != compile(source).key
     with pytest.raises(ValueError, match="arch: expected a target ID of .* gfx942, got 'gfx950'"):
         compile(source, arch="gfx950")
+
+
+@pytest.mark.parametrize("field, value", [("stage", "s"), ("arch", "gfx1100")])
+def test_ir_source_checks_its_arguments(field, value):
+    arguments = {"text": AXPY, "name": "axpy", "arch": "gfx942", field: value}
+    with pytest.raises(ValueError, match=f"{field}: expected .*got '{value}'"):
+        IRSource(**arguments)

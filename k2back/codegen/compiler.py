@@ -75,7 +75,6 @@ STAGES: dict[str, Stage] = {
     "hsaco": Stage("o", _link, in_worker=False),
 }
 ENTRY_STAGES = ("ll", "opt.ll")  # the stages whose output is IR text a source can give
-CACHED_STAGES = ("ll", "opt.ll", "s", "hsaco")  # the object lives on inside the hsaco
 
 
 def schedule(entry: str) -> list[tuple[str, str, Callable]]:
@@ -96,6 +95,11 @@ class IRSource:
     arch: str
     stage: str = "ll"
     spec_json: str | None = None
+
+    def __post_init__(self):
+        parse_arch(self.arch)
+        if self.stage not in ENTRY_STAGES:
+            raise ValueError(f"stage: expected one of {ENTRY_STAGES}, got {self.stage!r}")
 
     def key(self) -> str:
         return sha256(f"{self.stage}\0{self.text}".encode()).hexdigest()
