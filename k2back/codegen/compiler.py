@@ -263,7 +263,7 @@ def _failure(source, target: Target, key: str, entry: str, outputs: dict,
              error: _StageFailed) -> CompileError:
     # The source's text is saved under the entry stage's name: it *is* that IR.
     texts = {entry if stage == SOURCE else stage: value for stage, value in outputs.items()
-             if isinstance(value, str) and stage != "s"}
+             if isinstance(value, str)}
     # the failed stage's input, or the IR it was made of (the linker takes an object)
     consumed = SOURCE if error.stage == entry else STAGES[error.stage].source
     while not isinstance(outputs.get(consumed), str):
