@@ -122,6 +122,8 @@ class AttentionPlan:
     lds_bytes: int
     scratch: dict[str, int] = field(hash=False)
 
+    nope_dims = NOPE_DIM
+    rope_dims = ROPE_DIM
     q_row = Q_ROW
     raw_stride = RAW_STRIDE
     record_pieces = RECORD_PIECES
