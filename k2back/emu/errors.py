@@ -1,0 +1,21 @@
+"""The emulator's errors: every one names what it could not do and where."""
+
+
+class EmulatorError(RuntimeError):
+    """Base class of everything the emulator raises about a kernel or a launch."""
+
+
+class AsmError(EmulatorError):
+    """The asm text lacks something the launch needs (kernel label, directives)."""
+
+
+class UnsupportedInstruction(EmulatorError):
+    """An instruction or operand form the emulator does not implement."""
+
+
+class MemoryFault(EmulatorError):
+    """An access the hardware would fault on or the emulator cannot place."""
+
+
+class Deadlock(EmulatorError):
+    """The launch made no progress for a long stretch; names the waiting waves."""

@@ -1,0 +1,455 @@
+"""The machine: memory map, launch set-up from the kernel descriptor, and the scheduler.
+
+Scheduling: every workgroup of a launch is resident. Waves run round-robin in
+quanta of `quantum` instructions, workgroups in `order`. A wave gives up the
+rest of its quantum at `s_sleep N` (and then sits out N rounds), at
+`s_barrier` (until every live wave of its workgroup arrived) and at
+`s_endpgm`. Memory effects are immediate and globally visible (loads and
+stores complete in program order), so `s_waitcnt` only counts.
+
+Deadlock: progress is a global/LDS write or atomic, a barrier release, a wave
+ending, or a wave using a whole quantum without sleeping. After `stall_rounds`
+rounds without progress the launch raises `Deadlock` naming the waiting waves.
+
+Counters (`Stats`): executed wave-instructions by class, global bytes read and
+written per mapped buffer (bytes the active lanes requested, in range), LDS
+bytes, barriers released, and polls per wave = its `s_sleep` executions
+(our kernels sleep once per unsuccessful poll of a flag).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+
+from . import asm as asm_text
+from .errors import Deadlock, EmulatorError, UnsupportedInstruction
+from .matrix import decode_mfma
+from .memops import decode_buffer, decode_ds, decode_global, decode_smem
+from .memory import GlobalMemory
+from .operands import parse, scalar_reader, scalar_writer
+from .salu import BRANCH_CONDITIONS, decode_branch, decode_sop
+from .state import LANES, M64, Wave, Workgroup
+from .valu import decode_valu
+
+ARCH_LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
+CODE_ADDRESS = 0x7F00_0000_0000  # where the emulated code lives (s_getpc_b64)
+
+# mnemonic prefix -> (instruction class, decoder); the first matching prefix wins.
+CONTROL = ("s_waitcnt", "s_nop", "s_setprio", "s_barrier", "s_sleep", "s_endpgm", "s_sethalt",
+           "s_trap", "s_icache_inv")
+
+
+@dataclasses.dataclass
+class Stats:
+    """What one launch did (all counts are deterministic)."""
+
+    instructions: dict = dataclasses.field(default_factory=dict)  # class -> wave-instructions
+    wave_instructions: int = 0
+    bytes_read: dict = dataclasses.field(default_factory=dict)  # buffer name -> bytes
+    bytes_written: dict = dataclasses.field(default_factory=dict)
+    lds_read: int = 0
+    lds_written: int = 0
+    barriers: int = 0
+    polls: dict = dataclasses.field(default_factory=dict)  # (workgroup, wave) -> s_sleep count
+    cache_policy: dict = dataclasses.field(default_factory=dict)  # (access, bits) -> count
+    workgroups: int = 0
+    waves: int = 0
+    rounds: int = 0
+
+    @property
+    def total_polls(self) -> int:
+        return sum(self.polls.values())
+
+
+def instruction_class(mnemonic: str) -> str:
+    if mnemonic.startswith("v_mfma"):
+        return "mfma"
+    if mnemonic.startswith("s_cbranch") or mnemonic == "s_branch":
+        return "branch"
+    for name in ("barrier", "waitcnt", "sleep", "nop", "endpgm"):
+        if mnemonic == f"s_{name}":
+            return name
+    if mnemonic.startswith(("s_load", "s_buffer_load", "s_memtime", "s_memrealtime", "s_dcache")):
+        return "smem"
+    if mnemonic.startswith("ds_"):
+        return "lds"
+    if mnemonic.startswith(("global_", "flat_", "buffer_")):
+        if mnemonic.startswith(("buffer_wbl2", "buffer_inv", "buffer_wbinvl1")):
+            return "cache"
+        kind = mnemonic.split("_")[1]
+        return f"vmem_{kind}"
+    return "salu" if mnemonic.startswith("s_") else "valu"
+
+
+class DecodeContext:
+    """What decoders may ask about the launch while turning asm into closures."""
+
+    def __init__(self, machine, kernel, accum_offset: int, stats: Stats):
+        self.machine, self.kernel = machine, kernel
+        self.arch = machine.arch
+        self.accum_offset = accum_offset
+        self.labels = kernel.labels
+        self.memory = machine.memory
+        self.stats = stats
+        self.code_address = CODE_ADDRESS
+        self.index = 0
+
+    def operand(self, token: str, ins):
+        return parse(token, self.accum_offset, ins.where())
+
+    def scalar_reader(self, token: str, bits: int, ins):
+        return scalar_reader(self.operand(token, ins), bits, ins.where())
+
+    def scalar_writer(self, token: str, bits: int, ins):
+        return scalar_writer(self.operand(token, ins), bits, ins.where())
+
+    def vector_row(self, op, count: int, ins) -> int:
+        if op.file != "v" or op.count != count or op.neg or op.abs:
+            raise UnsupportedInstruction(
+                f"expected {count} vector register(s), got {op.token!r} ({ins.where()})")
+        return op.index
+
+    def progress(self) -> None:
+        self.machine._progress = True
+
+    def clock(self) -> int:
+        return self.machine._clock
+
+
+class Machine:
+    """A gfx942/gfx950 device with no GPU: map host buffers, launch kernels from asm text."""
+
+    def __init__(self, arch: str, *, quantum: int = 256, stall_rounds: int = 2000):
+        if arch not in ARCH_LDS_BYTES:
+            raise EmulatorError(f"arch: expected one of {tuple(ARCH_LDS_BYTES)}, got {arch!r}")
+        self.arch = arch
+        self.quantum = quantum
+        self.stall_rounds = stall_rounds
+        self.memory = GlobalMemory()
+        self._clock = 0
+        self._progress = False
+
+    def map(self, array, name: str | None = None) -> int:
+        """Map a host array/tensor in place; returns its device address."""
+        return self.memory.map(array, name)
+
+    # ------------------------------------------------------------------ launch
+
+    def launch(self, asm: str, kernel_name: str, grid=(1, 1, 1), block=(64, 1, 1),
+               kernargs: bytes = b"", dynamic_lds: int = 0, order="forward") -> Stats:
+        """Run `kernel_name` from LLVM's asm text over `grid` workgroups of `block` threads.
+
+        `order` is the workgroup start/scheduling order: "forward", "reverse", or a
+        sequence of linear workgroup indices."""
+        kernel = asm_text.parse_kernel(asm, kernel_name)
+        grid, block = _dims("grid", grid), _dims("block", block)
+        setup = LaunchSetup(self, kernel, grid, block, bytes(kernargs), dynamic_lds)
+        stats = Stats()
+        ctx = DecodeContext(self, kernel, setup.accum_offset, stats)
+        code, classes = self._decode(kernel, ctx)
+        launch_buffers = [self.memory.map(array, name) for name, array in setup.launch_buffers.items()]
+        try:
+            groups = setup.workgroups(*launch_buffers, _order(order, grid))
+            self._schedule(groups, code, kernel, stats)
+        finally:
+            for base in launch_buffers:
+                self.memory.unmap(base)
+        self._finish(stats, classes, groups)
+        return stats
+
+    def _decode(self, kernel, ctx):
+        code, classes = [], []
+        for index, ins in enumerate(kernel.instructions):
+            ctx.index = index
+            classes.append(instruction_class(ins.mnemonic))
+            try:
+                code.append(decode(ins, ctx))
+            except (UnsupportedInstruction, ValueError, KeyError, IndexError) as error:
+                code.append(_raiser(error, ins))
+        code.append(_raiser(EmulatorError("execution ran past the kernel's last instruction"), None))
+        classes.append("none")
+        return code, classes
+
+    def _schedule(self, groups, code, kernel, stats: Stats) -> None:
+        waves = [w for g in groups for w in g.waves]
+        hits = self._hits = [0] * len(code)
+        live = [w for w in waves if not w.done]
+        quiet_rounds, round_number = 0, 0
+        wake = {}
+        while live:
+            round_number += 1
+            self._progress = False
+            for w in live:
+                if w.waiting or wake.get(w, 0) > round_number:
+                    continue
+                ran, reason = self._run_quantum(w, code, hits, kernel)
+                self._clock += ran
+                if reason == "sleep":
+                    wake[w] = round_number + 1 + w.sleep_rounds
+                elif reason == "quantum":
+                    self._progress = True
+            live = [w for w in live if not w.done]
+            quiet_rounds = 0 if self._progress else quiet_rounds + 1
+            if live and (quiet_rounds > self.stall_rounds or all(w.waiting for w in live)):
+                raise Deadlock(_deadlock_report(live, kernel, quiet_rounds))
+        stats.rounds = round_number
+
+    def _run_quantum(self, w, code, hits, kernel):
+        budget = self.quantum
+        try:
+            while budget:
+                pc = w.pc
+                w.pc = pc + 1
+                hits[pc] += 1
+                budget -= 1
+                signal = code[pc](w)
+                if signal:
+                    return self.quantum - budget, signal
+        except EmulatorError as error:
+            if "wave" in str(error):
+                raise
+            raise type(error)(f"{error} [{w.name}]") from error
+        except Exception as error:  # numpy/indexing failures inside an instruction
+            ins = kernel.instructions[pc] if pc < len(kernel.instructions) else None
+            where = ins.where() if ins else "past the end"
+            raise EmulatorError(f"{type(error).__name__}: {error} at {where} [{w.name}]") from error
+        return self.quantum, "quantum"
+
+    def _finish(self, stats: Stats, classes, groups) -> None:
+        counts = collections.Counter()
+        for cls, hit in zip(classes, self._hits):
+            counts[cls] += hit
+        counts.pop("none", None)
+        stats.instructions = dict(sorted(counts.items()))
+        stats.wave_instructions = sum(counts.values())
+        for region in self.memory.regions:
+            stats.bytes_read[region.name] = region.read
+            stats.bytes_written[region.name] = region.written
+            region.read = region.written = 0
+        stats.cache_policy = {key: cell[0] for key, cell in stats.cache_policy.items() if cell[0]}
+        stats.workgroups = len(groups)
+        for g in groups:
+            for w in g.waves:
+                stats.waves += 1
+                if w.polls:
+                    stats.polls[(g.index, w.index)] = w.polls
+
+
+def _dims(name: str, value) -> tuple[int, int, int]:
+    dims = tuple(value) + (1,) * (3 - len(tuple(value)))
+    if len(dims) != 3 or not all(isinstance(d, int) and d >= 1 for d in dims):
+        raise EmulatorError(f"{name}: expected up to 3 positive ints, got {value!r}")
+    return dims
+
+
+def _order(order, grid) -> list[int]:
+    count = grid[0] * grid[1] * grid[2]
+    if order == "forward":
+        return list(range(count))
+    if order == "reverse":
+        return list(range(count))[::-1]
+    order = list(order)
+    if sorted(order) != list(range(count)):
+        raise EmulatorError(f"order: expected a permutation of range({count}), got {order!r}")
+    return order
+
+
+def _raiser(error, ins):
+    message = str(error) if ins is None or ins.where() in str(error) else f"{error} ({ins.where()})"
+    kind = type(error) if isinstance(error, EmulatorError) else UnsupportedInstruction
+
+    def raise_it(w):
+        raise kind(message)
+    return raise_it
+
+
+def _deadlock_report(live, kernel, rounds) -> str:
+    lines = []
+    for w in live[:16]:
+        pc = max(w.pc - 1, 0)
+        ins = kernel.instructions[min(pc, len(kernel.instructions) - 1)]
+        state = "at s_barrier" if w.waiting else f"polling ({w.polls} sleeps)"
+        lines.append(f"  {w.name}: {state}, last at {ins.where()}")
+    more = f"\n  ... and {len(live) - 16} more waves" if len(live) > 16 else ""
+    return (f"no progress for {rounds} scheduling rounds; {len(live)} waves still running:\n"
+            + "\n".join(lines) + more)
+
+
+# ---------------------------------------------------------------- control instructions
+
+
+def decode(ins, ctx):
+    name = ins.mnemonic
+    if name in BRANCH_CONDITIONS:
+        return decode_branch(ins, ctx)
+    if name.startswith(CONTROL):
+        return decode_control(ins, ctx)
+    if name.startswith(("s_load", "s_buffer_load", "s_memtime", "s_memrealtime", "s_dcache")):
+        return decode_smem(ins, ctx)
+    if name.startswith("s_"):
+        return decode_sop(ins, ctx)
+    if name.startswith("v_mfma"):
+        return decode_mfma(ins, ctx)
+    if name.startswith("v_"):
+        return decode_valu(ins, ctx)
+    if name.startswith(("global_", "flat_")):
+        return decode_global(ins, ctx)
+    if name.startswith("buffer_"):
+        return decode_buffer(ins, ctx)
+    if name.startswith("ds_"):
+        return decode_ds(ins, ctx)
+    raise UnsupportedInstruction(f"{name} not implemented ({ins.where()})")
+
+
+def decode_control(ins, ctx):
+    name = ins.mnemonic
+    if name in ("s_waitcnt", "s_nop", "s_setprio", "s_icache_inv"):
+        return lambda w: None
+    if name == "s_sleep":
+        rounds = int(ins.operands[0], 0) if ins.operands else 0
+
+        def sleep(w):
+            w.polls += 1
+            w.sleep_rounds = rounds
+            return "sleep"
+        return sleep
+    if name == "s_barrier":
+        return lambda w: _arrive(w, ctx)
+    if name == "s_endpgm":
+        def end(w):
+            w.done = True
+            ctx.progress()
+            _release_if_complete(w.group, ctx)
+            return "end"
+        return end
+    raise UnsupportedInstruction(f"{name} not implemented ({ins.where()})")
+
+
+def _arrive(w, ctx):
+    w.waiting = True
+    w.group.arrived += 1
+    _release_if_complete(w.group, ctx)
+    return "barrier"
+
+
+def _release_if_complete(group, ctx) -> None:
+    live = [w for w in group.waves if not w.done]
+    if group.arrived and group.arrived == len(live):
+        for w in live:
+            w.waiting = False
+        group.arrived = 0
+        ctx.stats.barriers += 1
+        ctx.progress()
+
+
+# ---------------------------------------------------------------- initial state
+
+
+class LaunchSetup:
+    """Initial wave state as the kernel descriptor (`.amdhsa_*`) asks (AMDGPUUsage,
+    "Initial Kernel Execution State"): user SGPRs, then system SGPRs, then v0."""
+
+    USER_SGPRS = (  # directive, SGPR count, value source
+        ("user_sgpr_private_segment_buffer", 4, "zero"),
+        ("user_sgpr_dispatch_ptr", 2, "dispatch"),
+        ("user_sgpr_queue_ptr", 2, "queue"),
+        ("user_sgpr_kernarg_segment_ptr", 2, "kernarg"),
+        ("user_sgpr_dispatch_id", 2, "zero"),
+        ("user_sgpr_flat_scratch_init", 2, "zero"),
+        ("user_sgpr_private_segment_size", 1, "zero"),
+    )
+
+    def __init__(self, machine, kernel, grid, block, kernargs: bytes, dynamic_lds: int):
+        self.machine, self.kernel, self.grid, self.block = machine, kernel, grid, block
+        d = kernel.directive
+        if d("float_denorm_mode_32", 3) != 3:
+            raise UnsupportedInstruction("f32 denormal flushing (.amdhsa_float_denorm_mode_32 != 3) "
+                                         "is not modelled")
+        if d("private_segment_fixed_size", 0) or d("uses_dynamic_stack", 0):
+            raise UnsupportedInstruction(f"kernel {kernel.name!r} uses scratch (private segment), "
+                                         "which the emulator does not model")
+        needed = d("kernarg_size", 0)
+        if len(kernargs) < needed:
+            raise EmulatorError(f"kernargs: expected at least {needed} bytes "
+                                f"(.amdhsa_kernarg_size, hidden arguments included), got {len(kernargs)}")
+        self.kernarg_bytes = kernargs + bytes(-len(kernargs) % 8)
+        threads = block[0] * block[1] * block[2]
+        if threads > 1024:
+            raise EmulatorError(f"block: expected at most 1024 threads, got {block} = {threads}")
+        self.lds_bytes = d("group_segment_fixed_size", 0) + dynamic_lds
+        limit = ARCH_LDS_BYTES[machine.arch]
+        if self.lds_bytes > limit:
+            raise EmulatorError(f"dynamic_lds: {self.lds_bytes} bytes of LDS exceed {machine.arch}'s {limit}")
+        self.accum_offset = d("accum_offset", 4)
+        self.vector_registers = max(d("next_free_vgpr", 1), self.accum_offset, 1)
+        self.threads = threads
+
+        self.launch_buffers = {  # launch-private memory the initial SGPRs point at
+            "kernargs": np.frombuffer(bytearray(self.kernarg_bytes), np.uint8),
+            "dispatch_packet": self._dispatch_packet(),
+            "queue": np.zeros(256, np.uint8),
+        }
+
+    def _user_sgprs(self, kernarg_base: int, packet: int, queue: int) -> list[int]:
+        d = self.kernel.directive
+        values = []
+        for directive, count, source in self.USER_SGPRS:
+            if not d(directive, 0):
+                continue
+            address = {"kernarg": kernarg_base, "dispatch": packet, "queue": queue}.get(source, 0)
+            values += [address & 0xFFFFFFFF, address >> 32][:count] + [0] * max(0, count - 2)
+        preload = d("user_sgpr_kernarg_preload_length", 0)
+        if preload:
+            start = d("user_sgpr_kernarg_preload_offset", 0)
+            words = np.frombuffer(self.kernarg_bytes, "<u4")
+            values += words[start // 4:start // 4 + preload].tolist()
+        expected = d("user_sgpr_count", len(values))
+        if len(values) != expected:
+            raise UnsupportedInstruction(f"user SGPR layout: directives enable {len(values)} SGPRs "
+                                         f"but .amdhsa_user_sgpr_count is {expected}")
+        return values
+
+    def _dispatch_packet(self) -> np.ndarray:
+        """An AQL kernel dispatch packet, for kernels that read the dispatch pointer."""
+        packet = np.zeros(64, np.uint8)
+        packet[4:10] = np.array(self.block, "<u2").view(np.uint8)
+        grid_size = [g * b for g, b in zip(self.grid, self.block)]
+        packet[12:24] = np.array(grid_size, "<u4").view(np.uint8)
+        packet[28:32] = np.array([self.lds_bytes], "<u4").view(np.uint8)
+        return packet
+
+    def workgroups(self, kernarg: int, packet: int, queue: int, order: list[int]) -> list[Workgroup]:
+        d = self.kernel.directive
+        user = self._user_sgprs(kernarg, packet, queue)
+        system = [axis for axis in "xyz" if d(f"system_sgpr_workgroup_id_{axis}", 0)]
+        if d("system_sgpr_workgroup_info", 0):
+            raise UnsupportedInstruction("workgroup_info system SGPR is not modelled")
+        tid_components = d("system_vgpr_workitem_id", 0) + 1
+        gx, gy, _ = self.grid
+        groups = []
+        for linear in order:
+            group_id = (linear % gx, (linear // gx) % gy, linear // (gx * gy))
+            group = Workgroup(linear, group_id, self.lds_bytes)
+            sgprs = user + [group_id["xyz".index(axis)] for axis in system]
+            for index in range((self.threads + LANES - 1) // LANES):
+                group.waves.append(self._wave(group, index, sgprs, tid_components))
+            groups.append(group)
+        return groups
+
+    def _wave(self, group, index, sgprs, tid_components) -> Wave:
+        w = Wave(group, index, self.vector_registers)
+        w.s[: len(sgprs)] = sgprs
+        thread = index * LANES + np.arange(LANES)
+        bx, by, _ = self.block
+        ids = (thread % bx, (thread // bx) % by, thread // (bx * by))
+        # gfx90a+ packs the work-item ids into v0: x[9:0], y[19:10], z[29:20].
+        v0 = np.zeros(LANES, np.uint32)
+        for axis in range(tid_components):
+            v0 |= (ids[axis] << (10 * axis)).astype(np.uint32)
+        w.r[0] = v0
+        active = min(LANES, self.threads - index * LANES)
+        w.set_exec(M64 >> (LANES - active))
+        return w

@@ -1,0 +1,80 @@
+"""MFMA operand plumbing: register tuples in, `mfma.MFMA_FORMS` does the math.
+
+`v_mfma_* d, a, b, c[, scale_a, scale_b]`: a, b, c, d are VGPR or AGPR tuples
+(c may be an inline constant, e.g. 0); cbsz/blgp pick the element formats of
+the f8f6f4 forms; the scaled forms' E8M0 byte selects are printed as
+op_sel[i] + 2 * op_sel_hi[i] (i = 0 for A's scale, 1 for B's).
+MFMA is executed only under a full exec mask: the emulator refuses a partial
+one rather than guess how the hardware treats it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import mfma
+from .errors import UnsupportedInstruction
+from .operands import vector_reader
+
+U32 = np.uint32
+
+
+def decode_mfma(ins, ctx):
+    base = ins.mnemonic.removesuffix("_e64")
+    try:
+        form = mfma.mfma_form(ctx.arch, base)
+    except ValueError as error:
+        raise UnsupportedInstruction(f"{error} ({ins.where()})") from None
+    where = ins.where()
+    mods = {k: int(ins.modifiers.get(k, "0"), 0) for k in ("cbsz", "abid", "blgp")}
+    op_sel = _pair(ins.modifiers.get("op_sel"))
+    op_sel_hi = _pair(ins.modifiers.get("op_sel_hi"))
+    for key in ("neg_lo", "neg_hi"):
+        if key in ins.modifiers:
+            raise UnsupportedInstruction(f"{key} on {ins.mnemonic} ({where})")
+    if not form.scaled and (any(op_sel) or any(op_sel_hi)):
+        raise UnsupportedInstruction(f"op_sel on unscaled {ins.mnemonic} ({where})")
+    try:
+        counts = form.a_regs(mods["cbsz"]), form.b_regs(mods["blgp"])
+    except ValueError as error:
+        raise UnsupportedInstruction(f"{error} ({where})") from None
+    dst, a, b, c, *scales = (ctx.operand(t, ins) for t in ins.operands)
+    d_row = ctx.vector_row(dst, form.c_regs, ins)
+    a_row = ctx.vector_row(a, counts[0], ins)
+    b_row = ctx.vector_row(b, counts[1], ins)
+    read_c = _accumulator(ctx, c, form.c_regs, ins)
+    extra = {}
+    if form.scaled:
+        if len(scales) != 2:
+            raise UnsupportedInstruction(f"{ins.mnemonic}: expected two scale operands ({where})")
+        read_scale_a, read_scale_b = (vector_reader(s, np.dtype(U32), where) for s in scales)
+        extra = {"scale_a_byte": op_sel[0] + 2 * op_sel_hi[0],
+                 "scale_b_byte": op_sel[1] + 2 * op_sel_hi[1]}
+    na, nb, nc = counts[0], counts[1], form.c_regs
+
+    def run(w):
+        if not w.full:
+            raise UnsupportedInstruction(f"{ins.mnemonic} under a partial exec mask ({where}, {w.name})")
+        r = w.r
+        if form.scaled:
+            extra["scale_a"] = np.broadcast_to(read_scale_a(w), (64,))
+            extra["scale_b"] = np.broadcast_to(read_scale_b(w), (64,))
+        result = form(r[a_row:a_row + na].T, r[b_row:b_row + nb].T, read_c(w), **mods, **extra)
+        r[d_row:d_row + nc] = result.T.view(U32)
+    return run
+
+
+def _pair(text):
+    if text is None:
+        return [0, 0, 0]
+    return [int(x) for x in text.strip("[]").split(",")]
+
+
+def _accumulator(ctx, op, count, ins):
+    """fn(wave) -> f32 [64, count] accumulator input (a register tuple or a constant)."""
+    if op.file == "const":
+        value = vector_reader(op, np.dtype(np.float32), ins.where())(None)
+        constant = np.full((64, count), value, np.float32)
+        return lambda w: constant
+    row = ctx.vector_row(op, count, ins)
+    return lambda w: w.r[row:row + count].T.view(np.float32)

@@ -1,0 +1,519 @@
+"""Memory instructions: global/flat/buffer (VMEM), scalar loads (SMEM) and LDS (DS).
+
+Each decoder turns one instruction into `fn(wave)`. Addresses are computed for
+the active lanes only (inactive lanes may hold garbage addresses).
+
+Buffer resources (V#): base = dword0 | (dword1 & 0xffff) << 32, stride =
+dword1[29:16], num_records = dword2. Range check per element (a dword, or the
+whole access when narrower): raw buffers (stride 0, no idxen) check
+`voffset + inst_offset + element_offset + element_size <= num_records`;
+idxen buffers check `index < num_records`. The SGPR soffset is not part of
+the check (GCN/CDNA MUBUF rule). Out-of-range loads return 0, out-of-range
+stores are dropped, atomics are all-or-nothing per lane.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import MemoryFault, UnsupportedInstruction
+from .memory import ATOMICS, apply_atomic
+
+U32, U64 = np.uint32, np.uint64
+
+# suffix -> (bytes, register mapping). Mappings: 'dwords' (whole registers),
+# 'zext'/'sext' (widened into one register), 'lo'/'hi' + z/s (a 16-bit half,
+# the other half kept), 'low'/'high' (stores of the low bytes / bits 16..).
+ACCESS = {
+    "dword": (4, "dwords"), "dwordx2": (8, "dwords"), "dwordx3": (12, "dwords"),
+    "dwordx4": (16, "dwords"),
+    "b32": (4, "dwords"), "b64": (8, "dwords"), "b96": (12, "dwords"), "b128": (16, "dwords"),
+    "ubyte": (1, "zext"), "sbyte": (1, "sext"), "ushort": (2, "zext"), "sshort": (2, "sext"),
+    "u8": (1, "zext"), "i8": (1, "sext"), "u16": (2, "zext"), "i16": (2, "sext"),
+    "ubyte_d16": (1, "loz"), "sbyte_d16": (1, "los"), "short_d16": (2, "loz"),
+    "ubyte_d16_hi": (1, "hiz"), "sbyte_d16_hi": (1, "his"), "short_d16_hi": (2, "hiz"),
+    "u8_d16": (1, "loz"), "i8_d16": (1, "los"), "u16_d16": (2, "loz"),
+    "u8_d16_hi": (1, "hiz"), "i8_d16_hi": (1, "his"), "u16_d16_hi": (2, "hiz"),
+    "byte": (1, "low"), "short": (2, "low"), "b8": (1, "low"), "b16": (2, "low"),
+    "byte_d16_hi": (1, "high"), "short_d16_hi": (2, "high"),
+    "b8_d16_hi": (1, "high"), "b16_d16_hi": (2, "high"),
+}
+ATOMIC_TYPES = {"i32": np.int32, "u32": np.uint32, "b32": np.uint32, "f32": np.float32,
+                "i64": np.int64, "u64": np.uint64, "b64": np.uint64, "f64": np.float64}
+CACHE_BITS = ("sc0", "sc1", "nt")
+
+
+def registers(size: int) -> int:
+    return max(1, size // 4)
+
+
+def who(w, ins):
+    return lambda: f"{w.name}, {ins.where()}"
+
+
+def active(w, lanes):
+    return lanes if w.full else lanes[w.mask]
+
+
+def read_rows(w, row: int, count: int) -> np.ndarray:
+    """uint32 [active lanes, count] of registers row..row+count-1."""
+    rows = w.r[row:row + count] if w.full else w.r[row:row + count, w.mask]
+    return np.ascontiguousarray(rows.T)
+
+
+def write_rows(w, row: int, values: np.ndarray) -> None:
+    count = values.shape[1]
+    if w.full:
+        w.r[row:row + count] = values.T
+    else:
+        w.r[row:row + count, w.mask] = values.T
+
+
+def store_bytes(w, row: int, size: int, kind: str) -> np.ndarray:
+    """uint8 [active lanes, size] a store writes from registers starting at `row`."""
+    raw = read_rows(w, row, registers(size)).view(np.uint8)
+    return raw[:, 2:2 + size] if kind == "high" else raw[:, :size]
+
+
+def load_lanes(w, row: int, data: np.ndarray, kind: str) -> None:
+    """Put loaded bytes [active lanes, size] into registers as `kind` says."""
+    size = data.shape[1]
+    if kind == "dwords":
+        write_rows(w, row, data.view("<u4"))
+        return
+    value = data.view("<u1" if size == 1 else "<u2")[:, 0].astype(U32)
+    if kind in ("sext", "los", "his"):
+        value = (value.astype(np.int32) << (32 - 8 * size) >> (32 - 8 * size)).view(U32)
+    if kind in ("zext", "sext"):
+        write_rows(w, row, value[:, None])
+        return
+    old = read_rows(w, row, 1)[:, 0]
+    value &= U32(0xFFFF)
+    merged = (old & U32(0xFFFF0000)) | value if kind.startswith("lo") else (old & U32(0xFFFF)) | (value << U32(16))
+    write_rows(w, row, merged[:, None])
+
+
+def _access(suffix: str, ins):
+    if suffix not in ACCESS:
+        raise UnsupportedInstruction(f"{ins.mnemonic}: access width {suffix!r} not implemented ({ins.where()})")
+    return ACCESS[suffix]
+
+
+def _note_cache_policy(ctx, ins, kind: str):
+    policy = " ".join(bit for bit in CACHE_BITS if ins.modifiers.get(bit))
+    for legacy in ("glc", "slc", "dlc"):
+        if ins.modifiers.get(legacy) and ctx.arch in ("gfx942", "gfx950"):
+            raise UnsupportedInstruction(f"{legacy} is not a gfx94x/95x cache bit ({ins.where()})")
+    key = (kind, policy or "default")
+    return ctx.stats.cache_policy.setdefault(key, [0]), policy
+
+
+# ---------------------------------------------------------------- global / flat
+
+
+def decode_global(ins, ctx):
+    segment, _, rest = ins.mnemonic.partition("_")  # global / flat
+    op, _, suffix = rest.partition("_")
+    offset = int(ins.modifiers.get("offset", "0"), 0)
+    memory = ctx.memory
+    if op == "atomic":
+        return _global_atomic(ins, ctx, suffix, offset, segment)
+    if op not in ("load", "store") or suffix.startswith("lds"):
+        raise UnsupportedInstruction(f"{ins.mnemonic} not implemented ({ins.where()})")
+    size, kind = _access(suffix, ins)
+    counter, _ = _note_cache_policy(ctx, ins, f"{segment} {op}")
+    if op == "load":
+        data_op, addr_ops = ins.operands[0], ins.operands[1:]
+    else:
+        addr_ops, data_op = (ins.operands[0], *ins.operands[2:]), ins.operands[1]
+    address = _global_address(ins, ctx, segment, addr_ops, offset)
+    row = ctx.vector_row(ctx.operand(data_op, ins), registers(size), ins)
+
+    if op == "load":
+        def load(w):
+            if w.exec:
+                counter[0] += 1
+                load_lanes(w, row, memory.read(address(w), size, who(w, ins)), kind)
+        return load
+
+    def store(w):
+        if w.exec:
+            counter[0] += 1
+            memory.write(address(w), store_bytes(w, row, size, kind), who(w, ins))
+            ctx.progress()
+    return store
+
+
+def _global_address(ins, ctx, segment, operands, offset):
+    """fn(wave) -> uint64 addresses of the active lanes."""
+    vaddr = ctx.operand(operands[0], ins)
+    saddr = operands[1] if segment == "global" and len(operands) > 1 else "off"
+    if saddr == "off":
+        row = ctx.vector_row(vaddr, 2, ins)
+
+        def address64(w):
+            lanes = w.r[row] if w.full else w.r[row, w.mask]
+            high = w.r[row + 1] if w.full else w.r[row + 1, w.mask]
+            return (lanes.astype(U64) | (high.astype(U64) << U64(32))) + U64(offset & (2**64 - 1))
+        return address64
+    base = ctx.scalar_reader(saddr, 64, ins)
+    row = ctx.vector_row(vaddr, 1, ins)
+
+    def address_sbase(w):
+        lanes = w.r[row] if w.full else w.r[row, w.mask]
+        return lanes.astype(U64) + U64((base(w) + offset) & (2**64 - 1))
+    return address_sbase
+
+
+def _atomic_kind(name: str, ins) -> tuple[str, np.dtype]:
+    """'add_f32' / 'smax_x2' / 'cmpswap' -> (ATOMICS key, element dtype)."""
+    wide = name.endswith("_x2")
+    name = name.removesuffix("_x2")
+    op, _, kind = name.partition("_")
+    if kind in ("f32", "f64"):
+        return op, np.dtype(ATOMIC_TYPES[kind])
+    if kind or op not in ATOMICS:
+        raise UnsupportedInstruction(f"{ins.mnemonic} not implemented ({ins.where()})")
+    signed = op in ("smin", "smax")
+    return op, np.dtype((np.int64 if signed else np.uint64) if wide else (np.int32 if signed else np.uint32))
+
+
+def _global_atomic(ins, ctx, name, offset, segment):
+    op, dtype = _atomic_kind(name, ins)
+    returns = len(ins.operands) == (4 if segment == "global" else 3)
+    operands = ins.operands[1:] if returns else ins.operands
+    address = _global_address(ins, ctx, segment, (operands[0], *operands[2:]), offset)
+    per_value = dtype.itemsize // 4
+    values = 2 if op == "cmpswap" else 1
+    data_row = ctx.vector_row(ctx.operand(operands[1], ins), per_value * values, ins)
+    dst_row = ctx.vector_row(ctx.operand(ins.operands[0], ins), per_value, ins) if returns else None
+    counter, _ = _note_cache_policy(ctx, ins, f"{segment} atomic")
+    update, memory = ATOMICS[op], ctx.memory
+
+    def atomic(w):
+        if not w.exec:
+            return
+        counter[0] += 1
+        data = read_rows(w, data_row, per_value * values).view(dtype)
+        old = memory.atomic(address(w), dtype, update, [data[:, i] for i in range(values)], who(w, ins))
+        if returns:
+            write_rows(w, dst_row, old.view(U32).reshape(-1, per_value))
+        ctx.progress()
+    return atomic
+
+
+# ---------------------------------------------------------------- buffer (MUBUF)
+
+
+def decode_buffer(ins, ctx):
+    _, _, rest = ins.mnemonic.partition("_")
+    op, _, suffix = rest.partition("_")
+    if op in ("wbl2", "inv", "wbinvl1"):
+        counter, _ = _note_cache_policy(ctx, ins, ins.mnemonic)
+
+        def cache_control(w):
+            counter[0] += 1
+        return cache_control
+    if ins.modifiers.get("lds") or suffix.startswith("format") or op not in ("load", "store", "atomic"):
+        raise UnsupportedInstruction(f"{ins.mnemonic} not implemented ({ins.where()})")
+    data_op, vaddr_op, rsrc_op, soffset_op = ins.operands
+    offen, idxen = bool(ins.modifiers.get("offen")), bool(ins.modifiers.get("idxen"))
+    inst_offset = int(ins.modifiers.get("offset", "0"), 0)
+    rsrc = ctx.operand(rsrc_op, ins)
+    if rsrc.file != "s" or rsrc.count != 4:
+        raise UnsupportedInstruction(f"buffer resource {rsrc_op!r} is not 4 SGPRs ({ins.where()})")
+    soffset = ctx.scalar_reader(soffset_op, 32, ins)
+    vrow = ctx.vector_row(ctx.operand(vaddr_op, ins), int(offen) + int(idxen), ins) if offen or idxen else None
+    counter, _ = _note_cache_policy(ctx, ins, f"buffer {op}")
+    s0 = rsrc.index
+
+    def locate(w, element: int, count: int):
+        """(addresses [lanes, count], in-range [lanes, count]) of each element."""
+        base = w.s[s0] | ((w.s[s0 + 1] & 0xFFFF) << 32)
+        stride = (w.s[s0 + 1] >> 16) & 0x3FFF
+        records = w.s[s0 + 2]
+        lanes = np.count_nonzero(w.mask) if not w.full else 64
+        index = active(w, w.r[vrow]).astype(np.int64) if idxen else np.zeros(lanes, np.int64)
+        voffset = active(w, w.r[vrow + int(idxen)]).astype(np.int64) if offen else np.zeros(lanes, np.int64)
+        offsets = (voffset + inst_offset)[:, None] + element * np.arange(count)
+        if idxen:
+            in_range = np.broadcast_to((index < records)[:, None], offsets.shape)
+        else:
+            in_range = offsets + element <= records
+        addresses = base + soffset(w) + index[:, None] * stride + offsets
+        return addresses.astype(U64), in_range
+
+    if op == "atomic":
+        return _buffer_atomic(ins, ctx, suffix, data_op, locate, counter)
+    size, kind = _access(suffix, ins)
+    element = min(size, 4)
+    count = size // element
+    row = ctx.vector_row(ctx.operand(data_op, ins), registers(size), ins)
+    memory = ctx.memory
+
+    if op == "load":
+        def load(w):
+            if not w.exec:
+                return
+            counter[0] += 1
+            addresses, in_range = locate(w, element, count)
+            data = np.zeros(addresses.shape + (element,), np.uint8)
+            if in_range.any():
+                data[in_range] = memory.read(addresses[in_range], element, who(w, ins))
+            load_lanes(w, row, data.reshape(addresses.shape[0], size), kind)
+        return load
+
+    def store(w):
+        if not w.exec:
+            return
+        counter[0] += 1
+        addresses, in_range = locate(w, element, count)
+        data = store_bytes(w, row, size, kind).reshape(addresses.shape + (element,))
+        if in_range.any():
+            memory.write(addresses[in_range], data[in_range], who(w, ins))
+        ctx.progress()
+    return store
+
+
+def _buffer_atomic(ins, ctx, name, data_op, locate, counter):
+    op, dtype = _atomic_kind(name, ins)
+    per_value = dtype.itemsize // 4
+    values = 2 if op == "cmpswap" else 1
+    returns = bool(ins.modifiers.get("sc0") or ins.modifiers.get("glc"))
+    row = ctx.vector_row(ctx.operand(data_op, ins), per_value * values, ins)
+    update, memory = ATOMICS[op], ctx.memory
+
+    def atomic(w):
+        if not w.exec:
+            return
+        counter[0] += 1
+        addresses, in_range = locate(w, dtype.itemsize, 1)
+        addresses, in_range = addresses[:, 0], in_range[:, 0]
+        data = read_rows(w, row, per_value * values).view(dtype)
+        old = np.zeros(addresses.size, dtype)
+        if in_range.any():
+            old[in_range] = memory.atomic(addresses[in_range], dtype, update,
+                                          [data[in_range, i] for i in range(values)], who(w, ins))
+        if returns:
+            write_rows(w, row, old.view(U32).reshape(-1, per_value))
+        ctx.progress()
+    return atomic
+
+
+# ---------------------------------------------------------------- scalar memory (SMEM)
+
+
+def decode_smem(ins, ctx):
+    name = ins.mnemonic
+    if name in ("s_memtime", "s_memrealtime"):
+        write = ctx.scalar_writer(ins.operands[0], 64, ins)
+        # Deterministic clock: wave-instructions executed by the launch so far.
+        return lambda w: write(w, ctx.clock())
+    if name in ("s_dcache_inv", "s_dcache_wb"):
+        return lambda w: None
+    op, _, suffix = name.partition("_load_")
+    if op not in ("s", "s_buffer") or suffix not in ("dword", "dwordx2", "dwordx4", "dwordx8", "dwordx16"):
+        raise UnsupportedInstruction(f"{name} not implemented ({ins.where()})")
+    count = 1 if suffix == "dword" else int(suffix[6:])
+    dst = ctx.operand(ins.operands[0], ins)
+    if dst.file != "s" or dst.count != count:
+        raise UnsupportedInstruction(f"{name}: destination {dst.token!r} ({ins.where()})")
+    base_op = ctx.operand(ins.operands[1], ins)
+    offset = ctx.scalar_reader(ins.operands[2], 32, ins) if len(ins.operands) > 2 else (lambda w: 0)
+    extra = int(ins.modifiers.get("offset", "0"), 0)
+    memory, first, b = ctx.memory, dst.index, base_op.index
+    counter, _ = _note_cache_policy(ctx, ins, "smem load")
+
+    def load(w):
+        counter[0] += 1
+        if op == "s":
+            address = (w.s[b] | (w.s[b + 1] << 32)) + offset(w) + extra
+            valid = count
+        else:
+            address = (w.s[b] | ((w.s[b + 1] & 0xFFFF) << 32)) + offset(w) + extra
+            valid = max(0, min(count, (w.s[b + 2] - (offset(w) + extra)) // 4))
+        address &= ~3  # SMEM ignores the two low address bits
+        words = [0] * count
+        if valid:
+            region = memory.region_of(address, 4 * valid, who(w, ins))
+            start = address - region.base
+            words[:valid] = region.data[start:start + 4 * valid].view("<u4").tolist()
+            region.read += 4 * valid
+        w.s[first:first + count] = words
+    return load
+
+
+# ---------------------------------------------------------------- LDS (DS)
+
+
+def _lds_addresses(w, row, offset, size, ins):
+    """int64 LDS byte addresses of the active lanes, checked for range and alignment."""
+    addresses = active(w, w.r[row]).astype(np.int64) + offset
+    lds = w.group.lds
+    if addresses.size and (addresses.max() + size > lds.size or addresses.min() < 0):
+        bad = int(addresses[np.argmax((addresses + size > lds.size) | (addresses < 0))])
+        raise MemoryFault(f"LDS address {bad} (+{size} bytes) outside the workgroup's "
+                          f"{lds.size} bytes, {w.name}, {ins.where()}")
+    align = min(size, 4)
+    if (addresses % align).any():
+        bad = int(addresses[np.argmax(addresses % align != 0)])
+        raise MemoryFault(f"misaligned LDS address {bad} for a {size}-byte access, {w.name}, {ins.where()}")
+    return addresses
+
+
+def decode_ds(ins, ctx):
+    name = ins.mnemonic
+    if name in CROSS_LANE_DS:
+        return CROSS_LANE_DS[name](ins, ctx)
+    parts = name.split("_")
+    op = parts[1]
+    if op in ("read", "write", "read2", "write2", "read2st64", "write2st64"):
+        return _ds_move(ins, ctx, op, "_".join(parts[2:]))
+    return _ds_atomic(ins, ctx)
+
+
+def _ds_move(ins, ctx, op, suffix):
+    size, kind = _access(suffix, ins)
+    stats = ctx.stats
+    pair = op.endswith(("2", "2st64"))
+    if pair:
+        unit = size * (64 if op.endswith("st64") else 1)
+        offsets = [int(ins.modifiers.get(f"offset{i}", "0"), 0) * unit for i in (0, 1)]
+    else:
+        offsets = [int(ins.modifiers.get("offset", "0"), 0)]
+    is_load = op.startswith("read")
+    if is_load:
+        dst, addr = ins.operands
+        data_rows = [ctx.vector_row(ctx.operand(dst, ins), registers(size) * len(offsets), ins)]
+        data_rows = [data_rows[0] + i * registers(size) for i in range(len(offsets))]
+    else:
+        addr, *datas = ins.operands
+        data_rows = [ctx.vector_row(ctx.operand(d, ins), registers(size), ins) for d in datas]
+    addr_row = ctx.vector_row(ctx.operand(addr, ins), 1, ins)
+    span = np.arange(size)
+
+    if is_load:
+        def lds_load(w):
+            if not w.exec:
+                return
+            lds = w.group.lds
+            for row, offset in zip(data_rows, offsets):
+                addresses = _lds_addresses(w, addr_row, offset, size, ins)
+                load_lanes(w, row, lds[addresses[:, None] + span], kind)
+                stats.lds_read += addresses.size * size
+        return lds_load
+
+    def lds_store(w):
+        if not w.exec:
+            return
+        lds = w.group.lds
+        for row, offset in zip(data_rows, offsets):
+            addresses = _lds_addresses(w, addr_row, offset, size, ins)
+            lds[addresses[:, None] + span] = store_bytes(w, row, size, kind)
+            stats.lds_written += addresses.size * size
+        ctx.progress()
+    return lds_store
+
+
+def _ds_atomic(ins, ctx):
+    # ds_<op>[_rtn]_<type>: ds_add_u32, ds_add_rtn_f32, ds_cmpst_rtn_b32, ds_max_i32 ...
+    parts = ins.mnemonic.split("_")
+    returns = "rtn" in parts
+    op, kind = parts[1], parts[-1]
+    if op in ("min", "max") and kind in ("i32", "i64"):
+        op = "s" + op
+    if op not in ATOMICS or kind not in ATOMIC_TYPES:
+        raise UnsupportedInstruction(f"{ins.mnemonic} not implemented ({ins.where()})")
+    dtype = np.dtype(ATOMIC_TYPES[kind])
+    per_value = dtype.itemsize // 4
+    operands = ins.operands[1:] if returns else ins.operands
+    addr_row = ctx.vector_row(ctx.operand(operands[0], ins), 1, ins)
+    data_rows = [ctx.vector_row(ctx.operand(t, ins), per_value, ins) for t in operands[1:]]
+    dst_row = ctx.vector_row(ctx.operand(ins.operands[0], ins), per_value, ins) if returns else None
+    offset = int(ins.modifiers.get("offset", "0"), 0)
+    update, stats = ATOMICS[op], ctx.stats
+
+    def lds_atomic(w):
+        if not w.exec:
+            return
+        addresses = _lds_addresses(w, addr_row, offset, dtype.itemsize, ins)
+        sources = [read_rows(w, row, per_value).view(dtype)[:, 0] for row in data_rows]
+        old = apply_atomic(w.group.lds, addresses, dtype, update, sources, who(w, ins))
+        stats.lds_read += old.nbytes
+        stats.lds_written += old.nbytes
+        if returns:
+            write_rows(w, dst_row, old.view(U32).reshape(-1, per_value))
+        ctx.progress()
+    return lds_atomic
+
+
+# ---------------------------------------------------------------- cross-lane DS ops
+
+
+SWIZZLE_MODES = ("QUAD_PERM", "BITMASK_PERM", "SWAP", "REVERSE", "BROADCAST")
+
+
+def swizzle_offset(text: str) -> int:
+    """The 16-bit ds_swizzle offset of `offset:swizzle(...)` or a plain number."""
+    if not text.startswith("swizzle("):
+        return int(text, 0)
+    mode, *args = [a.strip().strip('"') for a in text[len("swizzle("):-1].split(",")]
+    if mode == "QUAD_PERM":
+        return 0x8000 | sum(int(a) << (2 * i) for i, a in enumerate(args))
+    if mode == "BITMASK_PERM":  # 5 chars, most significant lane bit first: 0 1 p(reserve) i(nvert)
+        and_mask = or_mask = xor_mask = 0
+        for i, ch in enumerate(reversed(args[0])):
+            bit = 1 << i
+            and_mask |= bit if ch in "pi" else 0
+            or_mask |= bit if ch == "1" else 0
+            xor_mask |= bit if ch == "i" else 0
+        return and_mask | or_mask << 5 | xor_mask << 10
+    if mode == "SWAP":
+        return 0x1F | int(args[0]) << 10
+    if mode == "REVERSE":
+        return 0x1F | (int(args[0]) - 1) << 10
+    if mode == "BROADCAST":
+        size, lane = int(args[0]), int(args[1])
+        return (0x20 - size) | lane << 5
+    raise UnsupportedInstruction(f"ds_swizzle mode {mode}")
+
+
+def swizzle_sources(offset: int) -> np.ndarray:
+    lane = np.arange(64)
+    if offset & 0x8000:
+        return (lane & ~3) | ((offset >> (2 * (lane & 3))) & 3)
+    and_mask, or_mask, xor_mask = offset & 0x1F, (offset >> 5) & 0x1F, (offset >> 10) & 0x1F
+    return (lane & ~31) | (((lane & and_mask) | or_mask) ^ xor_mask)
+
+
+def _ds_swizzle(ins, ctx):
+    src = swizzle_sources(swizzle_offset(ins.modifiers.get("offset", "0")))
+    dst = ctx.vector_row(ctx.operand(ins.operands[0], ins), 1, ins)
+    data = ctx.vector_row(ctx.operand(ins.operands[1], ins), 1, ins)
+
+    def swizzle(w):
+        # A lane reading an inactive lane gets 0 (as the other cross-lane DS ops).
+        value = np.where(w.mask[src], w.r[data][src], U32(0))
+        np.copyto(w.r[dst], value, where=w.mask)
+    return swizzle
+
+
+def _ds_permute(ins, ctx):
+    backward = ins.mnemonic == "ds_bpermute_b32"
+    dst, addr, data = (ctx.vector_row(ctx.operand(t, ins), 1, ins) for t in ins.operands)
+    offset = int(ins.modifiers.get("offset", "0"), 0)
+
+    def permute(w):
+        lanes = ((w.r[addr].astype(np.int64) + offset) >> 2) & 63
+        if backward:  # pull: lane i reads lane lanes[i]; inactive sources read 0
+            value = np.where(w.mask[lanes], w.r[data][lanes], U32(0))
+        else:  # push: lane i writes lane lanes[i]; the highest active writer wins
+            value = np.zeros(64, U32)
+            writers = np.flatnonzero(w.mask)
+            value[lanes[writers]] = w.r[data][writers]
+        np.copyto(w.r[dst], value, where=w.mask)
+    return permute
+
+
+CROSS_LANE_DS = {"ds_swizzle_b32": _ds_swizzle, "ds_bpermute_b32": _ds_permute,
+                 "ds_permute_b32": _ds_permute}

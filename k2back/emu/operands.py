@@ -1,0 +1,231 @@
+"""Operand tokens -> closures that read or write wave state.
+
+Decoding resolves every operand once: a register number, an inline constant or
+a literal becomes a small closure, so execution does no string work.
+
+Types are numpy dtypes plus two lane-mask kinds: `MASK` (a 64-bit SGPR pair
+read or written as one bit per lane, e.g. vcc) and the 16-bit types, which
+live in the low half of a 32-bit register unless op_sel picks the high one.
+"""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+
+from .errors import UnsupportedInstruction
+from .state import M0, M32, M64, VCC, int_to_mask, mask_to_int
+
+MASK = "mask"
+BF16 = np.dtype(ml_dtypes.bfloat16)
+TYPES = {
+    "f32": np.dtype(np.float32), "i32": np.dtype(np.int32), "u32": np.dtype(np.uint32),
+    "b32": np.dtype(np.uint32), "f16": np.dtype(np.float16), "i16": np.dtype(np.int16),
+    "u16": np.dtype(np.uint16), "b16": np.dtype(np.uint16), "bf16": BF16,
+    "f64": np.dtype(np.float64), "i64": np.dtype(np.int64), "u64": np.dtype(np.uint64),
+    "b64": np.dtype(np.uint64), "mask": MASK,
+}
+UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+_REGISTER = re.compile(r"^([sva])(?:(\d+)|\[(\d+):(\d+)\])$")
+_SPECIAL = {  # name -> (slot, count)
+    "vcc": (VCC, 2), "vcc_lo": (VCC, 1), "vcc_hi": (VCC + 1, 1), "m0": (M0, 1),
+}
+_EXEC = {"exec": (0, 2), "exec_lo": (0, 1), "exec_hi": (1, 1)}
+# The inline float constants gfx9 encodes without a literal (0.15915494 = 1/(2*pi)).
+INLINE_FLOATS = {"0.5", "-0.5", "1.0", "-1.0", "2.0", "-2.0", "4.0", "-4.0", "0.15915494"}
+
+
+class Operand:
+    """A parsed operand: a register range, exec, or a constant (bits or float)."""
+
+    __slots__ = ("file", "index", "count", "value", "neg", "abs", "token")
+
+    def __init__(self, token: str, accum_offset: int):
+        self.token, self.neg, self.abs = token, False, False
+        self.file, self.index, self.count, self.value = "const", 0, 1, None
+        text = token
+        if text.startswith("-") and not _is_number(text):
+            self.neg, text = True, text[1:]
+        if text.startswith("|") and text.endswith("|"):
+            self.abs, text = True, text[1:-1]
+        match = _REGISTER.match(text)
+        if match:
+            kind, single, first, last = match.groups()
+            first = int(single if single is not None else first)
+            self.count = 1 if single is not None else int(last) - first + 1
+            self.file = "s" if kind == "s" else "v"
+            self.index = first + (accum_offset if kind == "a" else 0)
+        elif text in _SPECIAL:
+            self.file, (self.index, self.count) = "s", _SPECIAL[text]
+        elif text in _EXEC:
+            self.file, (self.index, self.count) = "exec", _EXEC[text]
+        elif _is_number(text):
+            self.value = float(text) if "." in text else int(text, 0)
+        else:
+            raise ValueError(token)
+
+    @property
+    def is_float_constant(self) -> bool:
+        return isinstance(self.value, float)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text) if "." in text else int(text, 0)
+    except ValueError:
+        return False
+    return True
+
+
+def parse(token: str, accum_offset: int, where: str) -> Operand:
+    try:
+        return Operand(token, accum_offset)
+    except ValueError:
+        raise UnsupportedInstruction(f"operand {token!r} not supported ({where})") from None
+
+
+# ---------------------------------------------------------------- scalar (Python ints)
+
+
+def scalar_reader(op: Operand, bits: int, where: str):
+    """fn(wave) -> int of `bits` bits (32 or 64), for SALU, SMEM and lane selects."""
+    _plain(op, where)
+    return _scalar_source(op, bits, where)
+
+
+def _scalar_source(op: Operand, bits: int, where: str):
+    if op.file == "const":
+        value = _constant_bits(op, bits, np.dtype(np.uint32 if bits == 32 else np.uint64))
+        return lambda w: value
+    if op.file == "exec":
+        shift = 32 * op.index
+        return (lambda w: w.exec) if bits == 64 else (lambda w: (w.exec >> shift) & M32)
+    if op.file != "s":
+        raise UnsupportedInstruction(f"expected a scalar operand, got {op.token!r} ({where})")
+    i = op.index
+    if bits == 64:
+        return lambda w: w.s[i] | (w.s[i + 1] << 32)
+    return lambda w: w.s[i]
+
+
+def scalar_writer(op: Operand, bits: int, where: str):
+    """fn(wave, int) storing the low `bits` bits into SGPRs or exec."""
+    _plain(op, where)
+    if op.file == "exec":
+        if bits == 64:
+            return lambda w, v: w.set_exec(v)
+        keep, shift = (M32 << 32, 0) if op.index == 0 else (M32, 32)
+        return lambda w, v: w.set_exec((w.exec & keep) | ((v & M32) << shift))
+    if op.file != "s":
+        raise UnsupportedInstruction(f"expected a scalar destination, got {op.token!r} ({where})")
+    i = op.index
+    if bits == 64:
+        def write64(w, v):
+            w.s[i] = v & M32
+            w.s[i + 1] = (v >> 32) & M32
+        return write64
+    def write32(w, v):
+        w.s[i] = v & M32
+    return write32
+
+
+def _plain(op: Operand, where: str) -> None:
+    if op.neg or op.abs:
+        raise UnsupportedInstruction(f"source modifier on scalar operand {op.token!r} ({where})")
+
+
+def _constant_bits(op: Operand, bits: int, dtype: np.dtype) -> int:
+    """The bit pattern of a constant operand for an operand of `dtype`."""
+    if op.is_float_constant:
+        if dtype.kind != "f" and dtype != BF16:
+            # Float inline constants on integer operands carry f32 bits (gfx9 rule).
+            return int(np.float32(op.value).view(np.uint32))
+        return int(np.array(op.value, dtype).view(UNSIGNED[dtype.itemsize]))
+    value = op.value
+    if dtype == np.float64 and not -16 <= value <= 64:
+        return (value & M32) << 32  # a 32-bit literal is the high half of an f64
+    return value & ((1 << bits) - 1)
+
+
+# ---------------------------------------------------------------- vector (numpy lanes)
+
+
+def vector_reader(op: Operand, dtype, where: str, high: bool = False):
+    """fn(wave) -> lanes (array [64] or scalar) of `dtype`; `high` = op_sel upper half."""
+    if dtype == MASK:
+        read = scalar_reader(op, 64, where)
+        return lambda w: int_to_mask(read(w))
+    read = _vector_value(op, np.dtype(dtype), where, high)
+    if op.abs:
+        read = (lambda inner: lambda w: np.abs(inner(w)))(read)
+    if op.neg:
+        read = (lambda inner: lambda w: -inner(w))(read)
+    return read
+
+
+def _vector_value(op: Operand, dtype: np.dtype, where: str, high: bool):
+    size = dtype.itemsize
+    if op.file == "const":
+        bits = _constant_bits(op, 8 * size, dtype)
+        value = np.array(bits, UNSIGNED[size]).view(dtype)[()]
+        if high:  # the high half of a 16-bit inline constant is zero
+            value = np.array(0, UNSIGNED[size]).view(dtype)[()]
+        return lambda w: value
+    if op.file == "s" or op.file == "exec":
+        read = _scalar_source(op, 64 if size == 8 else 32, where)
+        shift = 16 if high else 0
+        utype = UNSIGNED[size]
+        mask = (1 << (8 * size)) - 1
+        return lambda w: utype((read(w) >> shift) & mask).view(dtype)
+    i = op.index
+    if size == 4:
+        return lambda w: w.r[i].view(dtype)
+    if size == 2:
+        half = 1 if high else 0
+        return lambda w: w.r[i].view(np.uint16)[half::2].view(dtype)
+    if size == 8:
+        return lambda w: (w.r[i].astype(np.uint64) | (w.r[i + 1].astype(np.uint64) << 32)).view(dtype)
+    raise UnsupportedInstruction(f"operand type {dtype} ({where})")
+
+
+def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high: bool = True):
+    """fn(wave, lanes) storing `dtype` lanes into active lanes of a VGPR/AGPR (or a mask)."""
+    if dtype == MASK:
+        write = scalar_writer(op, 64, where)
+        return lambda w, m: write(w, mask_to_int(np.broadcast_to(m, (64,))) & w.exec)
+    if op.file != "v" or op.neg or op.abs:
+        raise UnsupportedInstruction(f"expected a vector destination, got {op.token!r} ({where})")
+    dtype, i = np.dtype(dtype), op.index
+    if dtype.itemsize == 4:
+        def write32(w, value):
+            bits = np.asarray(value, dtype).view(np.uint32)
+            if w.full:
+                w.r[i] = bits
+            else:
+                np.copyto(w.r[i], bits, where=w.mask)
+        return write32
+    if dtype.itemsize == 8:
+        def write64(w, value):
+            bits = np.asarray(value, dtype).view(np.uint64)
+            np.copyto(w.r[i], bits.astype(np.uint32), where=w.mask)
+            np.copyto(w.r[i + 1], (bits >> np.uint64(32)).astype(np.uint32), where=w.mask)
+        return write64
+    if dtype.itemsize == 2:
+        shift = 16 if high else 0
+        keep = np.uint32(0 if zero_high else (0xFFFF0000 if not high else 0x0000FFFF))
+        def write16(w, value):
+            bits = np.asarray(value, dtype).view(np.uint16).astype(np.uint32) << np.uint32(shift)
+            np.copyto(w.r[i], (w.r[i] & keep) | bits, where=w.mask)
+        return write16
+    raise UnsupportedInstruction(f"destination type {dtype} ({where})")
+
+
+def register_rows(op: Operand, count: int, where: str) -> int:
+    """First row of a VGPR/AGPR tuple of `count` registers (memory data, MFMA operands)."""
+    if op.file != "v" or op.count != count or op.neg or op.abs:
+        raise UnsupportedInstruction(
+            f"expected {count} vector register(s), got {op.token!r} ({where})"
+        )
+    return op.index

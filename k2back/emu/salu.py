@@ -1,0 +1,247 @@
+"""Scalar ALU (SOP1/SOP2/SOPC/SOPK) and program control (SOPP).
+
+Each SALU entry is `(dst_bits, src_bits, fn)`; `fn(*sources, scc)` returns
+`(result, scc)` on Python ints, `scc=None` when the op leaves SCC alone.
+"""
+
+from __future__ import annotations
+
+from .errors import UnsupportedInstruction
+from .state import M32, M64
+
+
+def sx(value: int, bits: int) -> int:
+    value &= (1 << bits) - 1
+    return value - (1 << bits) if value >> (bits - 1) else value
+
+
+def _nz(result: int, bits: int) -> tuple[int, int]:
+    result &= (1 << bits) - 1
+    return result, int(result != 0)
+
+
+def _bfe(value: int, spec: int, bits: int, signed: bool) -> tuple[int, int]:
+    offset, width = spec & (bits - 1), (spec >> 16) & 0x7F
+    field = (value >> offset) & ((1 << width) - 1) if width else 0
+    if signed and width:
+        field = sx(field, width)
+    return _nz(field, bits)
+
+
+def _ff1(value: int, bits: int) -> int:
+    value &= (1 << bits) - 1
+    return (value & -value).bit_length() - 1 if value else M32
+
+
+def _flbit(value: int, bits: int) -> int:
+    value &= (1 << bits) - 1
+    return bits - value.bit_length() if value else M32
+
+
+def _logic(bits: int) -> dict:
+    m = (1 << bits) - 1
+    return {
+        "and": lambda a, b, c: _nz(a & b, bits), "or": lambda a, b, c: _nz(a | b, bits),
+        "xor": lambda a, b, c: _nz(a ^ b, bits), "andn2": lambda a, b, c: _nz(a & ~b, bits),
+        "orn2": lambda a, b, c: _nz(a | (~b & m), bits), "nand": lambda a, b, c: _nz(~(a & b), bits),
+        "nor": lambda a, b, c: _nz(~(a | b), bits), "xnor": lambda a, b, c: _nz(~(a ^ b), bits),
+    }
+
+
+def _signed_overflow(total: int) -> tuple[int, int]:
+    return total & M32, int(not -(1 << 31) <= total < (1 << 31))
+
+
+SOP: dict[str, tuple] = {
+    # moves and selects
+    "s_mov_b32": (32, (32,), lambda a, c: (a, None)),
+    "s_mov_b64": (64, (64,), lambda a, c: (a, None)),
+    "s_movk_i32": (32, (32,), lambda a, c: (sx(a, 16) & M32, None)),
+    "s_cmov_b32": (32, (32, 32), lambda d, a, c: (a if c else d, None)),
+    "s_cmov_b64": (64, (64, 64), lambda d, a, c: (a if c else d, None)),
+    "s_cselect_b32": (32, (32, 32), lambda a, b, c: (a if c else b, None)),
+    "s_cselect_b64": (64, (64, 64), lambda a, b, c: (a if c else b, None)),
+    # arithmetic
+    "s_add_u32": (32, (32, 32), lambda a, b, c: ((a + b) & M32, int(a + b > M32))),
+    "s_addc_u32": (32, (32, 32), lambda a, b, c: ((a + b + c) & M32, int(a + b + c > M32))),
+    "s_sub_u32": (32, (32, 32), lambda a, b, c: ((a - b) & M32, int(b > a))),
+    "s_subb_u32": (32, (32, 32), lambda a, b, c: ((a - b - c) & M32, int(b + c > a))),
+    "s_add_i32": (32, (32, 32), lambda a, b, c: _signed_overflow(sx(a, 32) + sx(b, 32))),
+    "s_sub_i32": (32, (32, 32), lambda a, b, c: _signed_overflow(sx(a, 32) - sx(b, 32))),
+    "s_addk_i32": (32, (32, 32), lambda d, k, c: _signed_overflow(sx(d, 32) + sx(k, 16))),
+    "s_mul_i32": (32, (32, 32), lambda a, b, c: ((a * b) & M32, None)),
+    "s_mulk_i32": (32, (32, 32), lambda d, k, c: ((d * sx(k, 16)) & M32, None)),
+    "s_mul_hi_u32": (32, (32, 32), lambda a, b, c: ((a * b) >> 32, None)),
+    "s_mul_hi_i32": (32, (32, 32), lambda a, b, c: ((sx(a, 32) * sx(b, 32)) >> 32 & M32, None)),
+    "s_abs_i32": (32, (32,), lambda a, c: _nz(abs(sx(a, 32)), 32)),
+    "s_absdiff_i32": (32, (32, 32), lambda a, b, c: _nz(abs(sx(a, 32) - sx(b, 32)), 32)),
+    "s_min_i32": (32, (32, 32), lambda a, b, c: (a, 1) if sx(a, 32) < sx(b, 32) else (b, 0)),
+    "s_max_i32": (32, (32, 32), lambda a, b, c: (a, 1) if sx(a, 32) > sx(b, 32) else (b, 0)),
+    "s_min_u32": (32, (32, 32), lambda a, b, c: (a, 1) if a < b else (b, 0)),
+    "s_max_u32": (32, (32, 32), lambda a, b, c: (a, 1) if a > b else (b, 0)),
+    **{f"s_lshl{n}_add_u32": (32, (32, 32), (lambda n: lambda a, b, c: (
+        ((a << n) + b) & M32, int(((a << n) & M32) + b > M32 or a >> (32 - n) != 0)))(n))
+       for n in (1, 2, 3, 4)},
+    # shifts and bit fields
+    "s_lshl_b32": (32, (32, 32), lambda a, b, c: _nz(a << (b & 31), 32)),
+    "s_lshl_b64": (64, (64, 32), lambda a, b, c: _nz(a << (b & 63), 64)),
+    "s_lshr_b32": (32, (32, 32), lambda a, b, c: _nz(a >> (b & 31), 32)),
+    "s_lshr_b64": (64, (64, 32), lambda a, b, c: _nz(a >> (b & 63), 64)),
+    "s_ashr_i32": (32, (32, 32), lambda a, b, c: _nz(sx(a, 32) >> (b & 31), 32)),
+    "s_ashr_i64": (64, (64, 32), lambda a, b, c: _nz(sx(a, 64) >> (b & 63), 64)),
+    "s_bfm_b32": (32, (32, 32), lambda a, b, c: ((((1 << (a & 31)) - 1) << (b & 31)) & M32, None)),
+    "s_bfm_b64": (64, (32, 32), lambda a, b, c: ((((1 << (a & 63)) - 1) << (b & 63)) & M64, None)),
+    "s_bfe_u32": (32, (32, 32), lambda a, b, c: _bfe(a, b, 32, False)),
+    "s_bfe_i32": (32, (32, 32), lambda a, b, c: _bfe(a, b, 32, True)),
+    "s_bfe_u64": (64, (64, 32), lambda a, b, c: _bfe(a, b, 64, False)),
+    "s_bfe_i64": (64, (64, 32), lambda a, b, c: _bfe(a, b, 64, True)),
+    "s_sext_i32_i8": (32, (32,), lambda a, c: (sx(a, 8) & M32, None)),
+    "s_sext_i32_i16": (32, (32,), lambda a, c: (sx(a, 16) & M32, None)),
+    "s_not_b32": (32, (32,), lambda a, c: _nz(~a, 32)),
+    "s_not_b64": (64, (64,), lambda a, c: _nz(~a, 64)),
+    "s_brev_b32": (32, (32,), lambda a, c: (int(f"{a:032b}"[::-1], 2), None)),
+    "s_bcnt1_i32_b32": (32, (32,), lambda a, c: _nz(a.bit_count(), 32)),
+    "s_bcnt1_i32_b64": (32, (64,), lambda a, c: _nz(a.bit_count(), 32)),
+    "s_bcnt0_i32_b32": (32, (32,), lambda a, c: _nz(32 - a.bit_count(), 32)),
+    "s_ff1_i32_b32": (32, (32,), lambda a, c: (_ff1(a, 32), None)),
+    "s_ff1_i32_b64": (32, (64,), lambda a, c: (_ff1(a, 64), None)),
+    "s_flbit_i32_b32": (32, (32,), lambda a, c: (_flbit(a, 32), None)),
+    "s_flbit_i32_b64": (32, (64,), lambda a, c: (_flbit(a, 64), None)),
+    "s_bitset0_b32": (32, (32, 32), lambda d, a, c: (d & ~(1 << (a & 31)) & M32, None)),
+    "s_bitset1_b32": (32, (32, 32), lambda d, a, c: (d | (1 << (a & 31)), None)),
+    "s_pack_ll_b32_b16": (32, (32, 32), lambda a, b, c: ((a & 0xFFFF) | (b & 0xFFFF) << 16, None)),
+    "s_pack_lh_b32_b16": (32, (32, 32), lambda a, b, c: ((a & 0xFFFF) | (b & 0xFFFF0000), None)),
+    "s_pack_hh_b32_b16": (32, (32, 32), lambda a, b, c: ((a >> 16) | (b & 0xFFFF0000), None)),
+    **{f"s_{name}_b32": (32, (32, 32), fn) for name, fn in _logic(32).items()},
+    **{f"s_{name}_b64": (64, (64, 64), fn) for name, fn in _logic(64).items()},
+}
+# SOPK forms whose first operand is both destination and source.
+READS_DESTINATION = {"s_cmov_b32", "s_cmov_b64", "s_addk_i32", "s_mulk_i32", "s_bitset0_b32",
+                     "s_bitset1_b32"}
+
+# Saveexec: sdst = exec; exec = op(src, exec); SCC = exec != 0.
+SAVEEXEC = {
+    "and": lambda s, e: s & e, "or": lambda s, e: s | e, "xor": lambda s, e: s ^ e,
+    "andn2": lambda s, e: s & ~e, "orn2": lambda s, e: s | ~e, "nand": lambda s, e: ~(s & e),
+    "nor": lambda s, e: ~(s | e), "xnor": lambda s, e: ~(s ^ e),
+    "andn1": lambda s, e: ~s & e, "orn1": lambda s, e: ~s | e,
+}
+
+_COMPARE = {
+    "eq": lambda a, b: a == b, "lg": lambda a, b: a != b, "gt": lambda a, b: a > b,
+    "ge": lambda a, b: a >= b, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
+}
+
+
+def decode_sop(ins, ctx):
+    name = ins.mnemonic
+    if name.endswith("_saveexec_b64") or name.endswith("_wrexec_b64"):
+        return _saveexec(ins, ctx)
+    if name.startswith(("s_cmp_", "s_cmpk_", "s_bitcmp")):
+        return _compare(ins, ctx)
+    if name == "s_getpc_b64":
+        write = ctx.scalar_writer(ins.operands[0], 64, ins)
+        # The pc is byte-addressed; instructions are placed 8 bytes apart (a stand-in
+        # address that is deterministic, not the encoded size).
+        return lambda w: write(w, ctx.code_address + 8 * w.pc)
+    spec = SOP.get(name)
+    if spec is None:
+        raise UnsupportedInstruction(f"{name} not implemented ({ins.where()})")
+    dst_bits, src_bits, fn = spec
+    dst = ins.operands[0]
+    srcs = ins.operands[1:]
+    if name in READS_DESTINATION:
+        srcs = (dst, *srcs)
+    if len(srcs) != len(src_bits):
+        raise UnsupportedInstruction(f"{name}: expected {len(src_bits)} sources ({ins.where()})")
+    reads = [ctx.scalar_reader(t, b, ins) for t, b in zip(srcs, src_bits)]
+    write = ctx.scalar_writer(dst, dst_bits, ins)
+
+    if len(reads) == 1:
+        (read0,) = reads
+
+        def run1(w):
+            value, scc = fn(read0(w), w.scc)
+            write(w, value)
+            if scc is not None:
+                w.scc = scc
+        return run1
+    read0, read1 = reads
+
+    def run2(w):
+        value, scc = fn(read0(w), read1(w), w.scc)
+        write(w, value)
+        if scc is not None:
+            w.scc = scc
+    return run2
+
+
+def _saveexec(ins, ctx):
+    op = ins.mnemonic[2:].split("_")[0]
+    combine = SAVEEXEC.get(op)
+    if combine is None:
+        raise UnsupportedInstruction(f"{ins.mnemonic} not implemented ({ins.where()})")
+    write = ctx.scalar_writer(ins.operands[0], 64, ins)
+    read = ctx.scalar_reader(ins.operands[1], 64, ins)
+    wrexec = ins.mnemonic.endswith("_wrexec_b64")
+
+    def run(w):
+        old = w.exec
+        w.set_exec(combine(read(w), old))
+        write(w, w.exec if wrexec else old)
+        w.scc = int(w.exec != 0)
+    return run
+
+
+def _compare(ins, ctx):
+    parts = ins.mnemonic.split("_")  # s_cmp_eq_u32 / s_cmpk_lg_i32 / s_bitcmp1_b32
+    if parts[1].startswith("bitcmp"):
+        want, bits = int(parts[1][-1]), int(parts[2][1:])
+        read, bit = (ctx.scalar_reader(t, b, ins) for t, b in zip(ins.operands, (bits, 32)))
+
+        def bitcmp(w):
+            w.scc = int(((read(w) >> (bit(w) & (bits - 1))) & 1) == want)
+        return bitcmp
+    relation, kind = _COMPARE.get(parts[2]), parts[3]
+    if relation is None:
+        raise UnsupportedInstruction(f"{ins.mnemonic} not implemented ({ins.where()})")
+    bits = int(kind[1:])
+    signed = kind[0] == "i"
+    immediate = parts[1] == "cmpk"
+    a = ctx.scalar_reader(ins.operands[0], bits, ins)
+    b = ctx.scalar_reader(ins.operands[1], bits, ins)
+    if immediate:  # SOPK: a 16-bit immediate, sign- or zero-extended by the type
+        b = (lambda inner: lambda w: sx(inner(w), 16) & M32 if signed else inner(w) & 0xFFFF)(b)
+    if signed:
+        def cmp_signed(w):
+            w.scc = int(relation(sx(a(w), bits), sx(b(w), bits)))
+        return cmp_signed
+
+    def cmp_unsigned(w):
+        w.scc = int(relation(a(w), b(w)))
+    return cmp_unsigned
+
+
+# ---------------------------------------------------------------- program control (SOPP)
+
+BRANCH_CONDITIONS = {
+    "s_branch": lambda w: True,
+    "s_cbranch_scc0": lambda w: w.scc == 0,
+    "s_cbranch_scc1": lambda w: w.scc == 1,
+    "s_cbranch_vccz": lambda w: (w.s[106] | w.s[107]) == 0,
+    "s_cbranch_vccnz": lambda w: (w.s[106] | w.s[107]) != 0,
+    "s_cbranch_execz": lambda w: w.exec == 0,
+    "s_cbranch_execnz": lambda w: w.exec != 0,
+}
+
+
+def decode_branch(ins, ctx):
+    target = ctx.labels.get(ins.operands[0]) if ins.operands else None
+    if target is None:
+        raise UnsupportedInstruction(f"branch target {ins.operands} unknown ({ins.where()})")
+    taken = BRANCH_CONDITIONS[ins.mnemonic]
+
+    def branch(w):
+        if taken(w):
+            w.pc = target
+    return branch

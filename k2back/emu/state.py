@@ -1,0 +1,69 @@
+"""Architectural state of one wave and of one workgroup."""
+
+from __future__ import annotations
+
+import numpy as np
+
+LANES = 64
+M32 = 0xFFFFFFFF
+M64 = 0xFFFFFFFFFFFFFFFF
+ALL_LANES = np.ones(LANES, dtype=bool)
+
+# SGPR-file slots of the named scalar registers (their gfx9 operand encodings).
+VCC, M0 = 106, 124
+SGPR_SLOTS = 128
+
+
+def mask_to_int(mask: np.ndarray) -> int:
+    return int(np.packbits(mask, bitorder="little").view("<u8")[0])
+
+
+def int_to_mask(value: int) -> np.ndarray:
+    raw = np.array([value & M64], dtype="<u8").view(np.uint8)
+    return np.unpackbits(raw, bitorder="little").view(bool)
+
+
+class Wave:
+    """One wave64: scalar file as Python ints, the unified VGPR/AGPR file as numpy rows.
+
+    `r[i]` is v_i and `r[accum_offset + i]` is a_i (gfx90a+ unified register file).
+    The exec mask is kept both as an int (scalar ops) and as a lane mask (vector ops).
+    """
+
+    __slots__ = (
+        "s", "r", "scc", "exec", "mask", "full", "pc", "group", "index", "done",
+        "waiting", "polls", "sleep_rounds",
+    )
+
+    def __init__(self, group, index: int, vector_registers: int):
+        self.s = [0] * SGPR_SLOTS
+        self.r = np.zeros((vector_registers, LANES), dtype=np.uint32)
+        self.scc = 0
+        self.pc = 0
+        self.group = group
+        self.index = index
+        self.done = False
+        self.waiting = False  # at a barrier
+        self.polls = 0  # s_sleep executions
+        self.sleep_rounds = 0
+        self.set_exec(M64)
+
+    def set_exec(self, value: int) -> None:
+        self.exec = value & M64
+        self.full = self.exec == M64
+        self.mask = ALL_LANES if self.full else int_to_mask(self.exec)
+
+    @property
+    def name(self) -> str:
+        return f"workgroup {self.group.id} wave {self.index}"
+
+
+class Workgroup:
+    __slots__ = ("id", "index", "lds", "waves", "arrived")
+
+    def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int):
+        self.index = index
+        self.id = group_id
+        self.lds = np.zeros(max(lds_bytes, 4), dtype=np.uint8)
+        self.waves: list[Wave] = []
+        self.arrived = 0
