@@ -61,6 +61,15 @@ class Specials(enum.Enum):
     FINITE = "finite"  # every code is a number (OCP MX fp6 / fp4)
 
 
+# (format, code, magnitude code) -> (is NaN, is ±inf), per convention
+_SPECIAL_CODES = {
+    Specials.FNUZ: lambda f, code, mag: (code == f.sign_bit, False),
+    Specials.FN: lambda f, code, mag: (mag == f.sign_bit - 1, False),
+    Specials.IEEE: lambda f, code, mag: (mag > f.inf_code, mag == f.inf_code),
+    Specials.FINITE: lambda f, code, mag: (False, False),
+}
+
+
 @dataclass(frozen=True)
 class MiniFloat:
     """A sign-magnitude float format of at most 8 bits, with its decode table."""
@@ -83,12 +92,21 @@ class MiniFloat:
     def sign_bit(self) -> int:
         return 1 << (self.bits - 1)
 
+    @property
+    def inf_code(self) -> int:
+        """The all-ones exponent with a zero mantissa (an infinity only for IEEE)."""
+        return ((1 << self.exponent_bits) - 1) << self.mantissa_bits
+
+    @property
+    def max_finite_code(self) -> int:
+        """The largest positive finite code (codes 0 .. it have increasing values)."""
+        return int(np.flatnonzero(np.isfinite(self.values[: self.sign_bit]))[-1])
+
     def magnitude(self, codes: np.ndarray) -> np.ndarray:
         """Value of magnitude codes by the bit formula alone (no specials)."""
         codes = np.asarray(codes, dtype=np.int64)
         exponent = codes >> self.mantissa_bits
-        mantissa = codes & ((1 << self.mantissa_bits) - 1)
-        fraction = mantissa / float(1 << self.mantissa_bits)
+        fraction = (codes & ((1 << self.mantissa_bits) - 1)) / float(1 << self.mantissa_bits)
         subnormal = fraction * 2.0 ** (1 - self.bias)
         normal = (1.0 + fraction) * np.exp2(exponent - self.bias)
         return np.where(exponent == 0, subnormal, normal)
@@ -98,26 +116,9 @@ class MiniFloat:
         magnitude_codes = codes & (self.sign_bit - 1)
         values = self.magnitude(magnitude_codes)
         values = np.where(codes & self.sign_bit, -values, values)
-        exponent_ones = (magnitude_codes >> self.mantissa_bits) == (1 << self.exponent_bits) - 1
-        mantissa = magnitude_codes & ((1 << self.mantissa_bits) - 1)
-        if self.specials is Specials.FNUZ:
-            values = np.where(codes == self.sign_bit, np.nan, values)
-        elif self.specials is Specials.FN:
-            values = np.where(magnitude_codes == self.sign_bit - 1, np.nan, values)
-        elif self.specials is Specials.IEEE:
-            values = np.where(exponent_ones & (mantissa == 0), np.copysign(np.inf, values), values)
-            values = np.where(exponent_ones & (mantissa != 0), np.nan, values)
-        return values.astype(np.float32)
-
-    @property
-    def max_finite_code(self) -> int:
-        """The largest positive finite code (codes 0..it are increasing values)."""
-        return {
-            Specials.FNUZ: self.sign_bit - 1,
-            Specials.FN: self.sign_bit - 2,
-            Specials.IEEE: ((1 << self.exponent_bits) - 1 << self.mantissa_bits) - 1,
-            Specials.FINITE: self.sign_bit - 1,
-        }[self.specials]
+        nan, inf = _SPECIAL_CODES[self.specials](self, codes, magnitude_codes)
+        values = np.where(inf, np.copysign(np.inf, values), values)
+        return np.where(nan, np.nan, values).astype(np.float32)
 
 
 E4M3FNUZ = MiniFloat("e4m3fnuz", 4, 3, 8, Specials.FNUZ)
