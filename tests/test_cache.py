@@ -9,6 +9,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from hashlib import sha256
 from pathlib import Path
@@ -213,8 +214,13 @@ BUILD_ONE = textwrap.dedent("""
 
 def test_two_processes_build_one_key_once(root):
     tests_dir = str(Path(__file__).parent)
-    racers = [subprocess.Popen([sys.executable, "-c", BUILD_ONE, tests_dir],
-                               stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    key, _ = cache_key(IRSource(AXPY, "axpy", "gfx950"))
+    # Hold the key's lock until both racers are surely waiting on it, so they contend.
+    with cache.Cache().lock(key):
+        racers = [subprocess.Popen([sys.executable, "-c", BUILD_ONE, tests_dir],
+                                   stdout=subprocess.PIPE, text=True) for _ in range(2)]
+        time.sleep(3)
+        assert all(r.poll() is None for r in racers)
     results = [json.loads(r.communicate(timeout=300)[0]) for r in racers]
     assert all(r.returncode == 0 for r in racers)
     assert sorted(r["hit"] for r in results) == [False, True]
