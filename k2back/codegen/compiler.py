@@ -149,6 +149,8 @@ class Worker:
         self._owner: int | None = None  # the pid that started the worker
 
     def _start(self) -> None:
+        if self._process is not None:  # a dead worker, or the worker of the parent we forked from
+            self._retire()
         self._conn, child = multiprocessing.Pipe()
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 -- lives as long as the worker
         package_root = str(Path(k2back.__file__).parent.parent)
@@ -198,16 +200,22 @@ class Worker:
 
     def _death(self, mark: int) -> str:
         code = self._process.wait()
-        self._process = None
         cause = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         output = self._output(mark)[-4000:]
+        self._retire()
         return f"the LLVM worker process died ({cause})" + (f":\n{output}" if output else "")
+
+    def _retire(self) -> None:
+        """Drop this process's ends of the worker's pipe and log."""
+        self._conn.close()
+        self._stderr.close()
+        self._process = None
 
     def close(self) -> None:
         if self._process is not None and self._owner == os.getpid():
-            self._conn.close()  # the worker sees EOF and returns
-            self._process.wait(timeout=10)
-            self._process = None
+            process = self._process
+            self._retire()  # the worker sees EOF and returns
+            process.wait(timeout=10)
 
 
 _worker = Worker()
