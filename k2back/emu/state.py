@@ -55,7 +55,7 @@ class Wave:
 
     @property
     def name(self) -> str:
-        return f"workgroup {self.group.id} wave {self.index}"
+        return f"workgroup {self.group.index} wave {self.index}"
 
 
 class Workgroup:
