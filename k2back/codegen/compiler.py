@@ -383,4 +383,6 @@ def compile(source, arch: str | None = None) -> CompiledKernel:
         if knobs.dump_dir() is not None:
             _dump(built)
         path = store.store(key, source.name, files, factors)
+    logger.info("k2back: built %s (%s) in %.2f s -> %s", source.name, target.target_id,
+                time.perf_counter() - start, path)
     return dataclasses.replace(built, path=path)
