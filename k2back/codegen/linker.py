@@ -62,12 +62,12 @@ class Linker:
 
 
 def _override(path: Path) -> Linker:
-    linker = Linker((str(path),), "K2BACK_LLD")
     if not path.is_file():
         raise LinkerError(f"K2BACK_LLD: expected the path of an ld.lld executable, "
-                          f"got {str(path)!r}, which does not exist")
-    linker.version  # noqa: B018 -- an override that does not run is an error now, not at link time
-    return linker
+                          f"got {str(path)!r}, which is not a file")
+    chosen = Linker((str(path),), "K2BACK_LLD")
+    chosen.version  # noqa: B018 -- an override that does not run is an error now, not at link time
+    return chosen
 
 
 def _rocm() -> Linker | None:
@@ -107,9 +107,9 @@ def find_linker() -> Linker:
     if override is not None:
         return _override(override)
     for rule in (_rocm, _system, _ziglang):
-        linker = rule()
-        if linker is not None:
-            return linker
+        found = rule()
+        if found is not None:
+            return found
     raise LinkerError("no ld.lld found: set K2BACK_LLD, install ROCm or lld (e.g. apt install "
                       "lld-19), or `pip install ziglang`")
 
