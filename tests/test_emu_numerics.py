@@ -112,6 +112,23 @@ def test_fnuz_byte_0x80_is_nan_and_ocp_0x80_is_negative_zero():
     assert ocp == 0 and np.signbit(ocp)
 
 
+def test_ocp_bytes_are_fnuz_bytes_times_two():
+    """SPEC §4's gfx942 trick: an OCP e4m3fn byte decodes as twice the FNUZ value of
+    the same byte (except FNUZ's NaN 0x80 = OCP -0 and OCP's NaNs), and FNUZ-encoding
+    x / 2 gives x's OCP byte up to 448 (FNUZ 224) but for the sign of a zero."""
+    fnuz = nx.fp8_format("gfx942", "fp8")
+    usable = np.setdiff1d(ALL_BYTES, [0x80, 0x7F, 0xFF])
+    ocp = ml_decode(ml_dtypes.float8_e4m3fn, usable)
+    assert_same_floats(nx.cvt_f32_fp8(fnuz, usable.astype(np.uint32)) * 2, ocp)
+    x = np.random.default_rng(37).uniform(-448, 448, 20000).astype(np.float32)
+    x = np.concatenate([x, ocp, np.float32([448.0, -448.0, 1e-5, 0.0])])
+    got = nx.encode(fnuz, x / 2)
+    want = ml_encode(ml_dtypes.float8_e4m3fn, x)
+    nonzero = (want & 0x7F) != 0
+    np.testing.assert_array_equal(got[nonzero], want[nonzero])
+    assert not got[~nonzero].any()
+
+
 @pytest.mark.parametrize(
     "fmt,dtype",
     [
