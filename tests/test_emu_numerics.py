@@ -1,7 +1,8 @@
 """k2back.emu.numerics and k2back.emu.mfma against independent implementations:
 ml_dtypes for the fp8/fp6/fp4 formats, torch for bf16, python's math module for the
 transcendentals, numpy float64 matmuls for MFMA (operands packed lane by lane here,
-straight from the SPEC §5 layout text, independently of the code under test)."""
+from the layout rules as the SPEC and AMD's sources state them, independently of the
+code under test)."""
 
 from __future__ import annotations
 
