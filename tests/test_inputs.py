@@ -1,0 +1,133 @@
+"""make_inputs: vLLM's formats, the edge cases it promises, rank slicing."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from k2back import formats as F
+from k2back.model import geometry
+from k2back.reference import gather_keys
+from k2back.testing import LAUNCH_ARGS, make_inputs, rank_slice, rope_table, yarn_inv_freq
+
+
+@pytest.mark.parametrize("geo,tp", [("tiny", 1), ("tiny", 8), ("tiny-16", 2)])
+@pytest.mark.parametrize("ratio", [0, 1, 2])
+def test_shapes_dtypes_and_tables(geo, tp, ratio):
+    g, tokens = geometry(geo), 6
+    r = g.rank(tp)
+    x = make_inputs(geo, tp, tokens, ratio, seed=tp + ratio)
+    assert set(x) == set(LAUNCH_ARGS)
+    assert x["q"].dtype == torch.bfloat16 and x["q"].shape == (tokens, r.heads, 512)
+    assert x["wo_a"].dtype == torch.float8_e4m3fn and x["wo_a"].shape == r.wo_a_shape
+    assert x["wo_a_scale"].shape == r.wo_a_scale_shape and x["wo_b"].shape == r.wo_b_shape
+    assert x["wo_b_scale"].shape == r.wo_b_scale_shape and x["sink"].shape == (r.heads,)
+    assert x["key_table"].dtype == torch.int32 and x["key_table"].shape == (tokens, g.keys)
+    assert x["positions"].dtype == torch.int64 and x["key_len"].dtype == torch.int32
+    assert x["cos_sin"].dtype == torch.float32 and x["cos_sin"].shape[1] == 64
+    assert int(x["positions"].max()) < x["cos_sin"].shape[0] and 0 in x["positions"].tolist()
+    assert (x["comp_cache"] is None) == (ratio == 0)
+    slot, comp, present = F.decode_key_table(x["key_table"])
+    for t, n in enumerate(x["key_len"].tolist()):
+        row_comp, row_present = comp[t].tolist(), present[t].tolist()
+        assert not any(row_present[n:])  # −1 after key_len
+        in_use = [c for c, p in zip(row_comp[:n], row_present[:n]) if p]
+        assert in_use == sorted(in_use, reverse=True)  # compressed rows first
+        assert sum(in_use) <= g.topk and len(in_use) - sum(in_use) <= g.window
+        assert ratio or not any(in_use)
+    pos = x["positions"].tolist()
+    assert min(x["key_len"].tolist()) <= g.window // 4 + 1  # a short table is among them
+    for name in ("swa", "comp"):
+        cache, block = x[f"{name}_cache"], x[f"{name}_block"]
+        if cache is None:
+            continue
+        assert block in (32, 64) and cache.dtype == torch.uint8 and cache.stride(1) == 1
+        assert cache.stride(0) % 576 == 0 and cache.stride(0) >= block * 584
+    keys, valid = gather_keys(x["key_table"], x["key_len"], x["swa_cache"], x["swa_block"],
+                              x["comp_cache"], x["comp_block"])
+    rms = keys[valid].pow(2).mean().sqrt()
+    assert 0.3 < rms < 5 and torch.isfinite(keys).all(), rms  # normalized KV magnitudes
+    assert len(set(pos)) > 1
+
+
+def test_records_are_scattered_over_pages_and_keep_negative_zero():
+    x = make_inputs("tiny", 1, 8, 1, seed=3)
+    slot, comp, present = F.decode_key_table(x["key_table"])
+    pages = slot[present & ~comp] // x["swa_block"]
+    assert len(set(pages.tolist())) > 4 and not torch.equal(pages.sort().values, pages)
+    assert (x["swa_cache"] == F.OCP_NEGATIVE_ZERO).sum() > 100
+
+
+def test_window_keys_are_the_tokens_own_recent_positions():
+    """Window entry j of a token at position p holds the key written for
+    position p − w + 1 + j: consecutive window entries walk consecutive slots
+    within a page (slot % block increases by one)."""
+    x = make_inputs("tiny-16", 1, 4, 0, seed=5, hole_fraction=0.0, max_pos=300)
+    slot, _, present = F.decode_key_table(x["key_table"])
+    g = geometry("tiny-16")
+    for t, p in enumerate(x["positions"].tolist()):
+        n = int(x["key_len"][t])
+        assert n == min(g.window, p + 1)
+        rows = (slot[t, :n] % x["swa_block"]).tolist()
+        first = max(0, p - g.window + 1)
+        assert rows == [j % x["swa_block"] for j in range(first, p + 1)]
+
+
+def test_yarn_frequencies():
+    rope = geometry("v4.1-flash").rope
+    f = yarn_inv_freq(rope).numpy()
+    base = rope.theta ** -(np.arange(0, 64, 2) / 64)
+    assert f[0] == 1.0 and math.isclose(f[-1], base[-1] / rope.factor, rel_tol=1e-12)
+    # dims rotating more than β_fast times over the original context keep θ's
+    # frequency; fewer than β_slow times are interpolated by the factor
+    turns = rope.original_max_position * base / (2 * math.pi)
+    assert np.allclose(f[turns > rope.beta_fast], base[turns > rope.beta_fast])
+    assert np.allclose(f[turns < rope.beta_slow], base[turns < rope.beta_slow] / rope.factor)
+    table = rope_table(rope, 3000).double().numpy()
+    p = np.array([0, 1, 2999])
+    want = np.concatenate([np.cos(p[:, None] * f), np.sin(p[:, None] * f)], axis=1)
+    assert np.allclose(table[p], want, atol=1e-7)
+
+
+def test_seeds_are_deterministic():
+    a, b, c = (make_inputs("tiny", 2, 3, 2, s) for s in (1, 1, 2))
+    assert all(torch.equal(a[k], b[k]) for k in a if isinstance(a[k], torch.Tensor))
+    assert not torch.equal(a["q"], c["q"])
+
+
+@pytest.mark.parametrize("tp", [2, 8])
+def test_ranks_are_shards_of_one_model(tp):
+    full = make_inputs("tiny", 1, 3, 1, seed=9)
+    ranks = [rank_slice(full, tp, r) for r in range(tp)]
+    assert torch.equal(torch.cat([r["q"] for r in ranks], 1), full["q"])
+    assert torch.equal(torch.cat([r["sink"] for r in ranks]), full["sink"])
+    for name, dim in (("wo_a", 0), ("wo_a_scale", 0), ("wo_b", 1), ("wo_b_scale", 1)):
+        got = torch.cat([r[name].view(torch.uint8) for r in ranks], dim)
+        assert torch.equal(got, full[name].view(torch.uint8)), name
+    assert torch.equal(make_inputs("tiny", tp, 3, 1, seed=9, rank=tp - 1)["q"], ranks[-1]["q"])
+    with pytest.raises(ValueError, match="rank"):
+        rank_slice(full, tp, tp)
+
+
+def test_overrides():
+    x = make_inputs("tiny-16", 1, 3, 1, 0, key_len=0, sink=math.inf, positions=0, swa_block=64)
+    assert x["key_len"].dtype == torch.int32 and (x["key_len"] == 0).all()
+    assert (x["sink"] == math.inf).all() and (x["positions"] == 0).all() and x["swa_block"] == 64
+    with pytest.raises(TypeError, match="unknown overrides"):
+        make_inputs("tiny-16", 1, 3, 1, 0, kv_len=3)
+    with pytest.raises(ValueError, match="ratio"):
+        make_inputs("tiny-16", 1, 3, 3, 0)
+
+
+def test_pages_full_of_negative_zero():
+    def nope_to_minus_zero(k):
+        return torch.cat([torch.full_like(k[:, :448], -0.0), k[:, 448:]], dim=1)
+
+    x = make_inputs("tiny-16", 1, 3, 2, 0, key_transform=nope_to_minus_zero)
+    slot, comp, present = F.decode_key_table(x["key_table"])
+    for name, mask in (("swa", present & ~comp), ("comp", present & comp)):
+        data, codes = F.read_kv(x[f"{name}_cache"], x[f"{name}_block"], slot[mask])
+        assert (data[:, :448] == F.OCP_NEGATIVE_ZERO).all() and (codes == 0).all()
