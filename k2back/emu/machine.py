@@ -153,7 +153,8 @@ class Machine:
         launch_buffers = [self.memory.map(array, name) for name, array in setup.launch_buffers.items()]
         try:
             groups = setup.workgroups(*launch_buffers, _order(order, grid))
-            self._schedule(groups, code, kernel, stats)
+            with np.errstate(all="ignore"):  # integer wrap-around and IEEE specials are the ISA's
+                self._schedule(groups, code, kernel, stats)
         finally:
             for base in launch_buffers:
                 self.memory.unmap(base)

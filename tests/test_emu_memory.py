@@ -1,0 +1,201 @@
+"""Memory semantics through compiled code: buffer resources and their range
+check, kernarg packing, sub-dword accesses, atomics, and loud faults."""
+
+import numpy as np
+import pytest
+
+from emu_util import ARCHS, assemble, metadata, module, rng, run
+from k2back.emu import Machine, MemoryFault, UnsupportedInstruction
+from k2back.runtime.kernargs import LaunchDims, pack_kernargs
+
+DECLS = """
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare i32 @llvm.amdgcn.workgroup.id.x()
+declare ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1(ptr addrspace(1), i16, i64, i32)
+declare <4 x i32> @llvm.amdgcn.raw.ptr.buffer.load.v4i32(ptr addrspace(8), i32, i32, i32)
+declare i32 @llvm.amdgcn.raw.ptr.buffer.load.i32(ptr addrspace(8), i32, i32, i32)
+declare void @llvm.amdgcn.raw.ptr.buffer.store.v4i32(<4 x i32>, ptr addrspace(8), i32, i32, i32)
+"""
+
+# Each lane loads 16 B at tid*16 (and 4 B at tid*16 + 12) through a resource of
+# `records` bytes, and stores 16 B the same way into a second resource.
+BUFFER = module("""
+define amdgpu_kernel void @buffer(ptr addrspace(1) %src, ptr addrspace(1) %dst,
+                                  ptr addrspace(1) %out, ptr addrspace(1) %out1, i64 %records) #0 {
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %in = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1(ptr addrspace(1) %src, i16 0, i64 %records, i32 131072)
+  %st = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1(ptr addrspace(1) %dst, i16 0, i64 %records, i32 131072)
+  %off = mul i32 %tid, 16
+  %v = call <4 x i32> @llvm.amdgcn.raw.ptr.buffer.load.v4i32(ptr addrspace(8) %in, i32 %off, i32 0, i32 0)
+  %off1 = add i32 %off, 12
+  %w = call i32 @llvm.amdgcn.raw.ptr.buffer.load.i32(ptr addrspace(8) %in, i32 %off1, i32 0, i32 0)
+  %po = getelementptr <4 x i32>, ptr addrspace(1) %out, i32 %tid
+  store <4 x i32> %v, ptr addrspace(1) %po
+  %p1 = getelementptr i32, ptr addrspace(1) %out1, i32 %tid
+  store i32 %w, ptr addrspace(1) %p1
+  %neg = xor <4 x i32> %v, <i32 -1, i32 -1, i32 -1, i32 -1>
+  call void @llvm.amdgcn.raw.ptr.buffer.store.v4i32(<4 x i32> %neg, ptr addrspace(8) %st, i32 %off, i32 0, i32 0)
+  ret void
+}
+""" + DECLS)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("records", [1024, 1000, 0])
+def test_raw_buffer_out_of_range_reads_zero_and_drops_writes(arch, records):
+    src = rng(4).integers(1, 2**31, 256, dtype=np.int64).astype(np.int32)  # 1024 B, no zeros
+    dst = np.full(256, 0x5A5A5A5A, np.int32)
+    out = np.full(256, -1, np.int32)
+    out1 = np.full(64, -1, np.int32)
+    stats = run(BUFFER, arch, "buffer", {"src": src, "dst": dst, "out": out, "out1": out1,
+                                         "records": records})
+    in_range = np.arange(256) * 4 + 4 <= records  # per dword
+    np.testing.assert_array_equal(out, np.where(in_range, src, 0))
+    np.testing.assert_array_equal(out1, np.where(in_range[3::4], src[3::4], 0))
+    np.testing.assert_array_equal(dst, np.where(in_range, ~src, 0x5A5A5A5A))
+    assert stats.cache_policy[("buffer load", "default")] == 2
+
+
+MIXED_ARGS = module("""
+define amdgpu_kernel void @mixed(ptr addrspace(1) %out, i32 %a, i64 %b, float %c,
+                                 ptr addrspace(1) %p, i32 %d, i64 %e) #0 {
+  %pv = load i32, ptr addrspace(1) %p
+  %bl = trunc i64 %b to i32
+  %bh64 = lshr i64 %b, 32
+  %bh = trunc i64 %bh64 to i32
+  %cb = bitcast float %c to i32
+  %el = trunc i64 %e to i32
+  %eh64 = lshr i64 %e, 32
+  %eh = trunc i64 %eh64 to i32
+  %vals = insertelement <8 x i32> poison, i32 %a, i32 0
+  %v1 = insertelement <8 x i32> %vals, i32 %bl, i32 1
+  %v2 = insertelement <8 x i32> %v1, i32 %bh, i32 2
+  %v3 = insertelement <8 x i32> %v2, i32 %cb, i32 3
+  %v4 = insertelement <8 x i32> %v3, i32 %pv, i32 4
+  %v5 = insertelement <8 x i32> %v4, i32 %d, i32 5
+  %v6 = insertelement <8 x i32> %v5, i32 %el, i32 6
+  %v7 = insertelement <8 x i32> %v6, i32 %eh, i32 7
+  store <8 x i32> %v7, ptr addrspace(1) %out
+  ret void
+}
+""" + DECLS)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_kernarg_packing_of_mixed_arguments(arch):
+    out = np.zeros(8, np.uint32)
+    p = np.array([0x1234_5678], np.uint32)
+    values = {"out": out, "a": -7, "b": (3 << 40) | 0xDEAD_BEEF, "c": 0.1, "p": p,
+              "d": 0xFFFF_FFFF, "e": -2}
+    run(MIXED_ARGS, arch, "mixed", values, block=(1,))
+    b, e = values["b"], values["e"] & (2**64 - 1)
+    want = [2**32 - 7, b & 0xFFFFFFFF, b >> 32, np.float32(0.1).view(np.uint32), 0x1234_5678,
+            0xFFFF_FFFF, e & 0xFFFFFFFF, e >> 32]
+    np.testing.assert_array_equal(out, np.array(want, np.uint32))
+
+
+ATOMICS = module("""
+@lds_total = internal addrspace(3) global i32 poison, align 4
+define amdgpu_kernel void @atomics(ptr addrspace(1) %counter, ptr addrspace(1) %tickets,
+                                   ptr addrspace(1) %maxima, ptr addrspace(1) %owner,
+                                   ptr addrspace(1) %lds_out, ptr addrspace(1) %x) #0 {
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
+  %base = mul i32 %wg, 128
+  %i = add i32 %base, %tid
+  %first = icmp eq i32 %tid, 0
+  br i1 %first, label %init, label %go
+init:
+  store i32 0, ptr addrspace(3) @lds_total
+  br label %go
+go:
+  call void @llvm.amdgcn.s.barrier()
+  %t = atomicrmw add ptr addrspace(1) %counter, i32 1 syncscope("agent") monotonic
+  %pt = getelementptr i32, ptr addrspace(1) %tickets, i32 %i
+  store i32 %t, ptr addrspace(1) %pt
+  %px = getelementptr i32, ptr addrspace(1) %x, i32 %i
+  %xv = load i32, ptr addrspace(1) %px
+  %slot = and i32 %i, 7
+  %pm = getelementptr i32, ptr addrspace(1) %maxima, i32 %slot
+  %old = atomicrmw max ptr addrspace(1) %pm, i32 %xv syncscope("agent") monotonic
+  %po = getelementptr i32, ptr addrspace(1) %owner, i32 %slot
+  %cx = cmpxchg ptr addrspace(1) %po, i32 -1, i32 %i syncscope("agent") monotonic monotonic
+  %lo = atomicrmw add ptr addrspace(3) @lds_total, i32 %xv monotonic
+  call void @llvm.amdgcn.s.barrier()
+  br i1 %first, label %publish, label %done
+publish:
+  %total = load i32, ptr addrspace(3) @lds_total
+  %pl = getelementptr i32, ptr addrspace(1) %lds_out, i32 %wg
+  store i32 %total, ptr addrspace(1) %pl
+  br label %done
+done:
+  ret void
+}
+declare void @llvm.amdgcn.s.barrier()
+""" + DECLS)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_global_and_lds_atomics(arch):
+    groups, threads = 3, 128
+    x = rng(5).integers(-1000, 1000, groups * threads).astype(np.int32)
+    counter = np.zeros(1, np.int32)
+    tickets = np.full(groups * threads, -1, np.int32)
+    maxima = np.full(8, -(2**31), np.int32)
+    owner = np.full(8, -1, np.int32)
+    lds_out = np.zeros(groups, np.int32)
+    run(ATOMICS, arch, "atomics", {"counter": counter, "tickets": tickets, "maxima": maxima,
+                                   "owner": owner, "lds_out": lds_out, "x": x},
+        grid=(groups,), block=(threads,))
+    assert counter[0] == groups * threads
+    np.testing.assert_array_equal(np.sort(tickets), np.arange(groups * threads))
+    np.testing.assert_array_equal(maxima, x.reshape(-1, 8).max(axis=0))
+    assert all(owner[s] % 8 == s for s in range(8))  # exactly one winner per slot
+    np.testing.assert_array_equal(lds_out, x.reshape(groups, threads).sum(axis=1))
+
+
+LOAD_AT = module("""
+@table = internal addrspace(3) global [64 x i32] poison, align 4
+define amdgpu_kernel void @load_at(ptr addrspace(1) %p, i64 %index, i32 %lds_index, ptr addrspace(1) %out) #0 {
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %pl = getelementptr i32, ptr addrspace(3) @table, i32 %tid
+  store i32 %tid, ptr addrspace(3) %pl
+  %q = getelementptr i32, ptr addrspace(1) %p, i64 %index
+  %v = load i32, ptr addrspace(1) %q
+  %li = add i32 %lds_index, %tid
+  %pr = getelementptr i32, ptr addrspace(3) @table, i32 %li
+  %w = load i32, ptr addrspace(3) %pr
+  %s = add i32 %v, %w
+  %po = getelementptr i32, ptr addrspace(1) %out, i32 %tid
+  store i32 %s, ptr addrspace(1) %po
+  ret void
+}
+""" + DECLS)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_faults_name_the_address_wave_and_instruction(arch):
+    p, out = np.arange(16, dtype=np.int32), np.zeros(64, np.int32)
+    run(LOAD_AT, arch, "load_at", {"p": p, "index": 3, "lds_index": 0, "out": out})
+    np.testing.assert_array_equal(out, 3 + np.arange(64))
+    with pytest.raises(MemoryFault, match=r"unmapped global address 0x[0-9a-f]+ .*wave 0.*line \d+: s_load"):
+        run(LOAD_AT, arch, "load_at", {"p": p, "index": 1 << 20, "lds_index": 0, "out": out})
+    with pytest.raises(MemoryFault, match=r"LDS address 256 .*256 bytes.*line \d+: ds_read"):
+        run(LOAD_AT, arch, "load_at", {"p": p, "index": 0, "lds_index": 1, "out": out})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_unimplemented_instruction_is_named_with_its_line(arch):
+    asm = assemble(LOAD_AT, arch)
+    lines = asm.splitlines()
+    number = next(i for i, line in enumerate(lines) if "v_add_u32" in line)
+    lines[number] = "\tv_frobnicate_b32 v1, v1, v2"
+    edited = "\n".join(lines)
+    machine = Machine(arch)
+    p, out = np.arange(16, dtype=np.int32), np.zeros(64, np.int32)
+    kernargs = pack_kernargs(metadata(edited, "load_at"),
+                             {"p": machine.map(p), "index": 0, "lds_index": 0, "out": machine.map(out)},
+                             LaunchDims((1, 1, 1), (64, 1, 1)))
+    with pytest.raises(UnsupportedInstruction, match=rf"v_frobnicate_b32 not implemented .*line {number + 1}:"):
+        machine.launch(edited, "load_at", kernargs=kernargs)
+    assert not out.any()  # nothing after the bad instruction ran
