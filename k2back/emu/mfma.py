@@ -144,6 +144,21 @@ def _e8m0_factor(scale: np.ndarray, byte: int) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class _Placement:
+    """An operand's element type, register count and matrix positions in one form."""
+
+    name: str
+    element: Element
+    regs: int
+    gather: np.ndarray  # [m, k] indices into the lane-major unpacked values
+
+    def matrix(self, regs: np.ndarray) -> np.ndarray:
+        """Registers -> the [m, k] matrix of row (A) / column (B) values, float64."""
+        _check_regs(self.name, regs, self.regs)
+        return self.element.unpack(regs).astype(np.float64).reshape(-1)[self.gather]
+
+
+@dataclass(frozen=True)
 class MfmaForm:
     """One MFMA instruction; `a_element`/`b_element` None means chosen by cbsz/blgp."""
 
@@ -159,44 +174,37 @@ class MfmaForm:
         return WAVE // self.m
 
     @property
-    def per_lane(self) -> int:
-        return self.k // self.groups
-
-    @property
     def c_regs(self) -> int:
         return self.m * self.m // WAVE
 
     def a_regs(self, cbsz: int = 0) -> int:
-        return self._regs(self._operand("cbsz", self.a_element, cbsz).element)
+        return self._placement("a", cbsz).regs
 
     def b_regs(self, blgp: int = 0) -> int:
-        return self._regs(self._operand("blgp", self.b_element, blgp).element)
+        return self._placement("b", blgp).regs
 
-    def _regs(self, element: Element) -> int:
-        return element.bits * self.per_lane // 32
-
-    def _operand(self, name: str, fixed: Element | None, select: int) -> Operand:
+    @functools.cache  # noqa: B019 - forms are module-level constants
+    def _placement(self, operand: str, select: int) -> _Placement:
+        fixed, control = {"a": (self.a_element, "cbsz"), "b": (self.b_element, "blgp")}[operand]
+        per_lane = self.k // self.groups
         if fixed is not None:
             if select:
                 raise ValueError(
-                    f"{self.mnemonic}: expected {name} 0 (broadcast controls of multi-block "
+                    f"{self.mnemonic}: expected {control} 0 (broadcast controls of multi-block "
                     f"forms are not modelled), got {select}"
                 )
-            return Operand(fixed, self.per_lane)
-        if select not in F8F6F4:
-            raise ValueError(f"{self.mnemonic}: expected {name} in 0..4, got {select!r}")
-        return F8F6F4[select]
-
-    def _matrix(self, name: str, regs: np.ndarray, operand: Operand) -> np.ndarray:
-        """Registers -> the [m, k] matrix of row (A) / column (B) values, float64."""
-        if operand.chunk is None:
-            raise NotImplementedError(
-                f"{self.mnemonic}: the lane layout of {operand.element.name} operands is not "
-                f"documented where we could verify it; refusing to guess ({name})"
+            element, chunk = fixed, per_lane
+        elif select in F8F6F4:
+            element, chunk = F8F6F4[select].element, F8F6F4[select].chunk
+        else:
+            raise ValueError(f"{self.mnemonic}: expected {control} in 0..4, got {select!r}")
+        if chunk is None:
+            raise ValueError(
+                f"{self.mnemonic}: {control} {select} ({element.name}) is not modelled: the lane "
+                f"layout of its operands is documented nowhere we could verify"
             )
-        _check_regs(name, regs, self._regs(operand.element))
-        values = operand.element.unpack(regs).astype(np.float64)
-        return values.reshape(-1)[_operand_gather(self.m, self.k, operand.chunk)]
+        regs = element.bits * per_lane // 32
+        return _Placement(operand, element, regs, _operand_gather(self.m, self.k, chunk))
 
     def _block_scales(self, scale: np.ndarray | None, byte: int) -> np.ndarray:
         """[m, k] factors: lane ℓ's E8M0 byte over row ℓ % m, k-block ℓ // m."""
@@ -221,8 +229,8 @@ class MfmaForm:
     ) -> np.ndarray:
         if abid:
             raise ValueError(f"{self.mnemonic}: expected abid 0, got {abid}")
-        a_matrix = self._matrix("a", a, self._operand("cbsz", self.a_element, cbsz))
-        b_matrix = self._matrix("b", b, self._operand("blgp", self.b_element, blgp))
+        a_matrix = self._placement("a", cbsz).matrix(a)
+        b_matrix = self._placement("b", blgp).matrix(b)
         _check_regs("c", c, self.c_regs)
         if self.scaled:
             a_matrix = a_matrix * self._block_scales(scale_a, scale_a_byte)
