@@ -1,0 +1,186 @@
+"""Stage-level proofs of the attention half: the split and combine stage
+functions, each wrapped in a test kernel whose workgroup b runs task b
+(tests/kernels/stage.ll.j2), compiled by our pipeline and run in the emulator,
+against the reference of record's chunk intermediates and XO."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import jinja2
+import pytest
+import torch
+
+from k2back.codegen import render, signature
+from k2back.codegen.compiler import IRSource, compile
+from k2back.codegen.plan import plan
+from k2back.emu import Machine
+from k2back.model import HEAD_DIM, MX_BLOCK
+from k2back.reference import attention_back
+from k2back.runtime.kernargs import LaunchDims, pack_kernargs
+from k2back.runtime.launch import kernel_arguments
+from k2back.testing import compare, make_inputs
+
+KERNELS = Path(__file__).parent / "kernels"
+SENTINEL = 0xA5  # scratch bytes a stage must leave alone read as this
+
+
+def stage_kernel(stage: str, spec):
+    env = render._environment().overlay(
+        loader=jinja2.FileSystemLoader([str(render.TEMPLATES), str(KERNELS)]))
+    ir = env.get_template("stage.ll.j2").render(
+        spec=spec, stage=stage, params=signature.params(), forward=signature.forward())
+    return compile(IRSource(ir, f"k2_{stage}_stage", spec.arch))
+
+
+def scratch_view(spec, scratch: torch.Tensor, region: str, dtype, shape):
+    r = spec.region(region)
+    return scratch[r.offset:r.offset + r.bytes].view(dtype).view(shape)
+
+
+def run_stage(stage: str, spec, inputs: dict, scratch: torch.Tensor, tasks: int):
+    kernel = stage_kernel(stage, spec)
+    machine = Machine(spec.arch)
+    tensors = dict(inputs, out=torch.zeros(spec.tokens, 1, dtype=torch.bfloat16))
+    values = kernel_arguments(spec, tensors, machine.map(scratch), machine.map,
+                              inputs.get("qk_scale"))
+    dims = LaunchDims(grid=(tasks, 1, 1), block=(spec.threads, 1, 1))
+    segment = pack_kernargs(kernel.metadata, values, dims, signature.KERNEL_ARGS)
+    return kernel, machine.launch(kernel.asm, kernel.name, grid=dims.grid, block=dims.block,
+                                  kernargs=segment)
+
+
+def live_chunks(spec, key_len: torch.Tensor) -> torch.Tensor:
+    """[S, nchunk] bool: the chunks split computes (those starting below key_len)."""
+    a = spec.attention
+    starts = torch.arange(a.nchunk) * a.chunk_keys
+    return starts[None, :] < key_len[:, None]
+
+
+def reference(spec, inputs):
+    return attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
+
+
+CASES = [
+    # (arch, tp, tokens, ratio, overrides)
+    *[(arch, tp, 3, 2, {}) for arch in ("gfx942", "gfx950") for tp in (1, 2, 4, 8)],
+    ("gfx942", 4, 1, 0, {}),
+    ("gfx950", 8, 16, 0, {}),
+    ("gfx950", 2, 16, 2, {}),
+]
+EDGES = [
+    ("key_len 0 and 1", dict(key_len=torch.tensor([0, 1, 40], dtype=torch.int32))),
+    ("-1 entries", dict(minus_one=True)),
+    ("sink -inf", dict(sink=-math.inf)),
+    ("sink +inf", dict(sink=math.inf)),
+    ("position 0", dict(positions=0)),
+]
+
+
+def _inputs(tp, tokens, ratio, seed, overrides):
+    extra = dict(overrides)
+    minus_one = extra.pop("minus_one", False)
+    inputs = make_inputs("tiny", tp, tokens, ratio, seed, **extra)
+    if minus_one:  # holes in the table, inside key_len
+        table = inputs["key_table"].clone()
+        table[:, 1::5] = -1
+        inputs["key_table"] = table
+    return inputs
+
+
+def check_split(arch, tp, tokens, ratio, overrides, seed=1):
+    spec = plan("tiny", tp, tokens, ratio, arch)
+    a = spec.attention
+    inputs = _inputs(tp, tokens, ratio, seed, overrides)
+    want = reference(spec, inputs)
+    scratch = torch.full((spec.scratch_bytes,), SENTINEL, dtype=torch.uint8)
+    kernel, stats = run_stage("split", spec, inputs, scratch, a.split_tasks)
+    stats_got = scratch_view(spec, scratch, "stats", torch.float32, (tokens, a.nchunk, a.heads, 2))
+    part_got = scratch_view(spec, scratch, "partials", torch.bfloat16,
+                            (tokens, a.nchunk, a.heads, HEAD_DIM))
+    live = live_chunks(spec, inputs["key_len"])
+    # chunks past key_len: never written (combine does not read them)
+    dead_bytes = scratch_view(spec, scratch, "stats", torch.uint8, (tokens, a.nchunk, -1))[~live]
+    assert (dead_bytes == SENTINEL).all()
+    m = torch.where(live[..., None], stats_got[..., 0], -math.inf)
+    l_sum = torch.where(live[..., None], stats_got[..., 1], 0.0)
+    part = torch.where(live[..., None, None], part_got, torch.zeros((), dtype=torch.bfloat16))
+    compare("chunk_max", m, want["chunk_max"])
+    compare("chunk_sum", l_sum, want["chunk_sum"])
+    compare("chunk_partial", part, want["chunk_partial"])
+    return kernel, stats
+
+
+def check_combine(arch, tp, tokens, ratio, overrides, seed=2):
+    spec = plan("tiny", tp, tokens, ratio, arch)
+    a = spec.attention
+    inputs = _inputs(tp, tokens, ratio, seed, overrides)
+    want = reference(spec, inputs)
+    # the split's hand-off, live chunks from the reference; garbage elsewhere
+    # (combine must not read past a token's live chunks)
+    scratch = torch.full((spec.scratch_bytes,), SENTINEL, dtype=torch.uint8)
+    live = live_chunks(spec, inputs["key_len"])
+    stats = scratch_view(spec, scratch, "stats", torch.float32, (tokens, a.nchunk, a.heads, 2))
+    part = scratch_view(spec, scratch, "partials", torch.bfloat16,
+                        (tokens, a.nchunk, a.heads, HEAD_DIM))
+    stats[live] = torch.stack([want["chunk_max"], want["chunk_sum"]], -1)[live]
+    part[live] = want["chunk_partial"][live]
+    kernel, run = run_stage("combine", spec, inputs, scratch, a.combine_tasks)
+    xo = scratch_view(spec, scratch, "xo", torch.uint8, (tokens, a.heads * HEAD_DIM))
+    codes = scratch_view(spec, scratch, "xo_codes", torch.uint8,
+                         (tokens, a.heads * HEAD_DIM // MX_BLOCK))
+    compare("xo", (xo.clone(), codes.clone()), (want["xo"], want["xo_codes"]))
+    return kernel, run
+
+
+@pytest.mark.parametrize("arch,tp,tokens,ratio,overrides", CASES)
+def test_split_matches_reference(arch, tp, tokens, ratio, overrides):
+    check_split(arch, tp, tokens, ratio, overrides)
+
+
+@pytest.mark.parametrize("arch,tp,tokens,ratio,overrides", CASES)
+def test_combine_matches_reference(arch, tp, tokens, ratio, overrides):
+    check_combine(arch, tp, tokens, ratio, overrides)
+
+
+@pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
+@pytest.mark.parametrize("name,overrides", EDGES, ids=[e[0] for e in EDGES])
+def test_edge_cases(arch, name, overrides):
+    check_split(arch, 4, 3, 2, overrides)
+    check_combine(arch, 4, 3, 2, overrides)
+
+
+@pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
+def test_negative_zero_key_bytes(arch):
+    """OCP -0 (0x80) key bytes are NaN to gfx942's FNUZ converter: they must
+    decode to 0. Every nope byte of every cache record that reads 0 becomes
+    0x80 (same value), so a wrong decode poisons the scores."""
+    spec = plan("tiny", 4, 3, 2, arch)
+    inputs = make_inputs("tiny", 4, 3, 2, 3)
+    for cache in ("swa_cache", "comp_cache"):
+        pages = inputs[cache].clone()
+        pages[pages == 0] = 0x80
+        inputs[cache] = pages
+    a = spec.attention
+    want = reference(spec, inputs)
+    scratch = torch.zeros(spec.scratch_bytes, dtype=torch.uint8)
+    run_stage("split", spec, inputs, scratch, a.split_tasks)
+    live = live_chunks(spec, inputs["key_len"])
+    got = scratch_view(spec, scratch, "stats", torch.float32, (3, a.nchunk, a.heads, 2))
+    compare("chunk_max", torch.where(live[..., None], got[..., 0], -math.inf), want["chunk_max"])
+
+
+@pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
+def test_split_instruction_choice(arch):
+    """16-B record loads, MFMA for QK and PV, no scratch, LDS within budget."""
+    spec = plan("tiny", 1, 3, 2, arch)
+    kernel = stage_kernel("split", spec)
+    md = kernel.metadata
+    assert md.private_segment_size == 0
+    assert 0 < md.group_segment_size <= spec.arch_info.lds_budget
+    asm = kernel.asm
+    assert "buffer_load_dwordx4" in asm
+    qk = "v_mfma_f32_16x16x16_bf16" if arch == "gfx942" else "v_mfma_f32_16x16x32_bf16"
+    assert qk in asm and "v_mfma_f32_16x16x16_bf16" in asm
+    assert "scratch_" not in asm
