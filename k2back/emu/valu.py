@@ -208,7 +208,7 @@ VOP: dict[str, tuple[str, str, object]] = {
        for i in range(4)},
     "v_cvt_pkrtz_f16_f32": ("b32", "f32 f32", lambda a, b: nx.pack_halves(
         np.stack(np.broadcast_arrays(_f16_rtz(a).view(np.uint16), _f16_rtz(b).view(np.uint16)), -1))),
-    "v_cvt_pk_bf16_f32": ("b32", "f32 f32", nx.cvt_pk_bf16_f32),
+    "v_cvt_pk_bf16_f32": ("b32", "f32 f32", lambda a, b: nx.cvt_pk_bf16_f32(*np.broadcast_arrays(a, b))),
     "v_pack_b32_f16": ("b32", "b16 b16", lambda a, b: a.astype(U32) | (b.astype(U32) << U32(16))),
     # f64
     "v_add_f64": ("f64", "f64 f64", np.add),
@@ -690,7 +690,7 @@ def _fp8_convert(ins, ctx, base):
         raise UnsupportedInstruction(f"clamp on {ins.mnemonic}: fp8 saturation not modelled ({where})")
     operands = [ctx.operand(t, ins) for t in ins.operands]
     dst, srcs = operands[0], operands[1:]
-    op_sel = _bits(ins.modifiers.get("op_sel"), 4)
+    op_sel = _bits(ins.modifiers.get("op_sel"), len(srcs) + 1)  # sources, then destination
     encoding = split_mnemonic(ins.mnemonic)[1]
     if encoding == "sdwa":
         select, width = _SEL[ins.modifiers.get("src0_sel", "DWORD")]
@@ -722,7 +722,7 @@ def _fp8_convert(ins, ctx, base):
         f32 = [vector_reader(op, np.dtype(F32), where) for op in srcs]
         old = vector_reader(dst, u32, where)
         write = vector_writer(dst, u32, where)
-        word = op_sel[3]
+        word = op_sel[len(srcs)]
         if "scalef32" in base:
             return lambda w: write(w, nx.cvt_scalef32_pk_fp8_f32(
                 fmt, f32[0](w), f32[1](w), f32[2](w), old(w), word))
