@@ -8,6 +8,7 @@ from typing import Mapping
 
 import torch
 
+from k2back.emu import Machine
 from k2back.runtime import launch
 
 
@@ -21,11 +22,15 @@ class EmuBackend:
             qk_scale: float | None = None):
         """Launch once; returns the emulator's counters. The scratch keeps its
         epoch state across calls: it is mapped, never cleared."""
-        from k2back.emu import Machine
-
         machine = Machine(kernel.arch)
-        segment = launch.kernargs(kernel, spec, tensors, machine.map(scratch), machine.map,
-                                  qk_scale)
+
+        def address_of(tensor: torch.Tensor, name: str) -> int:
+            # the whole storage, so strided views (padded pages) map as they lie in memory
+            storage = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
+            return machine.map(storage, name) + tensor.storage_offset() * tensor.element_size()
+
+        segment = launch.kernargs(kernel, spec, tensors, address_of(scratch, "scratch"),
+                                  address_of, qk_scale)
         dims = launch.launch_dims(spec)
         return machine.launch(kernel.asm, kernel.name, grid=dims.grid, block=dims.block,
                               kernargs=segment, dynamic_lds=dims.dynamic_lds)

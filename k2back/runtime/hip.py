@@ -120,7 +120,7 @@ class HipBackend:
         device = scratch.device
         function = self._function(kernel, device)
         segment = launch.kernargs(kernel, spec, tensors, scratch.data_ptr(),
-                                  torch.Tensor.data_ptr, qk_scale)
+                                  lambda tensor, _: tensor.data_ptr(), qk_scale)
         buffer = ctypes.create_string_buffer(segment, len(segment))
         size = ctypes.c_size_t(len(segment))
         # the kernarg segment by value; the runtime copies it at launch

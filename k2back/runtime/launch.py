@@ -36,12 +36,14 @@ def qk_scale_value(spec, qk_scale: float | None) -> float:
 
 
 def kernel_arguments(spec, tensors: Mapping[str, object], scratch_address: int,
-                     address_of: Callable[[torch.Tensor], int],
+                     address_of: Callable[[torch.Tensor, str], int],
                      qk_scale: float | None = None) -> dict[str, object]:
     """Every explicit kernel argument by name: device addresses of the tensors
-    (`address_of` is the backend's), the caches' geometry, the score scale."""
+    (`address_of(tensor, argument name)` is the backend's), the caches'
+    geometry, the score scale."""
     values: dict[str, object] = {
-        name: 0 if tensors[name] is None else address_of(tensors[name]) for name in TENSOR_ARGS
+        name: 0 if tensors[name] is None else address_of(tensors[name], name)
+        for name in TENSOR_ARGS
     }
     values["scratch"] = scratch_address
     for cache in CACHES:
@@ -66,7 +68,7 @@ def new_scratch(spec, device) -> torch.Tensor:
 
 
 def kernargs(kernel, spec, tensors: Mapping[str, object], scratch_address: int,
-             address_of: Callable[[torch.Tensor], int], qk_scale: float | None = None) -> bytes:
+             address_of: Callable[[torch.Tensor, str], int], qk_scale: float | None = None) -> bytes:
     """The kernarg segment of one launch of the K2 kernel, for either backend."""
     values = kernel_arguments(spec, tensors, scratch_address, address_of, qk_scale)
     return pack_kernargs(kernel.metadata, values, launch_dims(spec), KERNEL_ARGS)
