@@ -11,3 +11,10 @@ __version__ = "0.1.0"
 
 logger = logging.getLogger("k2back")
 logger.setLevel(knobs.log_level())
+
+
+def __getattr__(name: str):  # k2back.AttentionBack on first use: `import k2back` stays light
+    if name == "AttentionBack":
+        from k2back.api import AttentionBack
+        return AttentionBack
+    raise AttributeError(f"module 'k2back' has no attribute {name!r}")

@@ -1,0 +1,101 @@
+"""The launch path under the public API, and the torch custom op on top of it.
+
+`torch.ops.k2back.attention_back` is what a torch.compile'd / CUDA-graph
+captured model sees (registered as vLLM's `direct_register_custom_op` does):
+it writes `out` and the layer's `scratch` (epoch state), nothing else.
+`k2back.AttentionBack` validates the arguments and owns the scratch; it calls
+the op.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Mapping, Optional
+
+import torch
+
+from k2back.codegen.compiler import compile as compile_source
+from k2back.codegen.llvm import parse_arch
+from k2back.codegen.plan import plan
+from k2back.codegen.render import KernelSource
+from k2back.runtime.emu import EmuBackend
+from k2back.runtime.hip import HipBackend, refuse_during_capture
+
+# Where tensors live decides where the kernel runs.
+BACKENDS = {"emu": EmuBackend, "hip": HipBackend}
+DEVICE_BACKENDS = {"cpu": "emu", "cuda": "hip"}
+
+_KERNELS: dict[tuple, tuple] = {}  # (geometry, tp, tokens, ratio, arch) -> (spec, kernel)
+
+
+@functools.cache
+def backend(name: str):
+    """One backend object a process (the HIP one keeps the per-device modules)."""
+    return BACKENDS[name]()
+
+
+def backend_for(device: torch.device):
+    try:
+        return backend(DEVICE_BACKENDS[device.type])
+    except KeyError:
+        raise ValueError(
+            f"tensors on {device}: expected CPU tensors (emu backend) or ROCm GPU tensors "
+            f"(hip backend)"
+        ) from None
+
+
+def plan_for(geometry: str, tp: int, tokens: int, ratio: int, arch: str):
+    """The spec of one configuration; `arch` may carry target-ID features
+    (gfx942:sramecc+:xnack-), which change the build, not the plan."""
+    return plan(geometry, tp, tokens, ratio, parse_arch(arch).arch)
+
+
+def build(geometry: str, tp: int, tokens: int, ratio: int, arch: str):
+    """(spec, compiled kernel) of one configuration, from the disk cache when warm."""
+    spec = plan_for(geometry, tp, tokens, ratio, arch)
+    source = KernelSource(spec)
+    source.arch = arch  # the target ID: its features change the build and its key, not the IR
+    return spec, compile_source(source)
+
+
+def kernel_for(geometry: str, tp: int, tokens: int, ratio: int, arch: str):
+    """`build`, once a process: what every launch goes through."""
+    key = (geometry, tp, tokens, ratio, arch)
+    if key not in _KERNELS:
+        refuse_during_capture(f"building the kernel for geometry {geometry} tp {tp} "
+                              f"tokens {tokens} ratio {ratio} arch {arch}")
+        _KERNELS[key] = build(*key)
+    return _KERNELS[key]
+
+
+def launch(tensors: Mapping[str, object], out: torch.Tensor, scratch: torch.Tensor, *,
+           geometry: str, tp: int, ratio: int, arch: str, qk_scale: float | None = None):
+    """One launch on the backend of the tensors' device; the emulator's
+    counters on the emu backend, None on HIP."""
+    spec, kernel = kernel_for(geometry, tp, tensors["q"].shape[0], ratio, arch)
+    return backend_for(out.device).run(kernel, spec, {**tensors, "out": out}, scratch, qk_scale)
+
+
+@torch.library.custom_op("k2back::attention_back", mutates_args=("out", "scratch"))
+def attention_back(
+    q: torch.Tensor, key_table: torch.Tensor, key_len: torch.Tensor, positions: torch.Tensor,
+    swa_cache: torch.Tensor, swa_block: int, comp_cache: Optional[torch.Tensor],
+    comp_block: int, cos_sin: torch.Tensor, sink: torch.Tensor,
+    wo_a: torch.Tensor, wo_a_scale: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor,
+    out: torch.Tensor, scratch: torch.Tensor,
+    geometry: str, tp: int, ratio: int, arch: str, qk_scale: Optional[float] = None,
+) -> None:
+    tensors = dict(q=q, key_table=key_table, key_len=key_len, positions=positions,
+                   swa_cache=swa_cache, swa_block=swa_block, comp_cache=comp_cache,
+                   comp_block=comp_block, cos_sin=cos_sin, sink=sink, wo_a=wo_a,
+                   wo_a_scale=wo_a_scale, wo_b=wo_b, wo_b_scale=wo_b_scale)
+    launch(tensors, out, scratch, geometry=geometry, tp=tp, ratio=ratio, arch=arch,
+           qk_scale=qk_scale)
+
+
+@attention_back.register_fake
+def _(q, key_table, key_len, positions, swa_cache, swa_block, comp_cache, comp_block, cos_sin,
+      sink, wo_a, wo_a_scale, wo_b, wo_b_scale, out, scratch, geometry, tp, ratio, arch,
+      qk_scale=None) -> None:
+    # writes only its mutated arguments: nothing to allocate, nothing to return
+    return None
