@@ -70,11 +70,11 @@ CASES = [
     ("gfx950", 2, 16, 2, {}),
 ]
 EDGES = [
-    ("key_len 0 and 1", dict(key_len=torch.tensor([0, 1, 40], dtype=torch.int32))),
-    ("-1 entries", dict(minus_one=True)),
-    ("sink -inf", dict(sink=-math.inf)),
-    ("sink +inf", dict(sink=math.inf)),
-    ("position 0", dict(positions=0)),
+    ("key_len 0 and 1", {"key_len": torch.tensor([0, 1, 40], dtype=torch.int32)}),
+    ("-1 entries", {"minus_one": True}),
+    ("sink -inf", {"sink": -math.inf}),
+    ("sink +inf", {"sink": math.inf}),
+    ("position 0", {"positions": 0}),
 ]
 
 
