@@ -1,0 +1,143 @@
+"""The K2 kernel end to end: the code object our pipeline builds, run in the
+emulator on make_inputs' launch arguments, against the reference of record
+(k2back.reference) within the calibrated tolerances (k2back.testing.compare).
+
+- GEMV half alone: scratch's XO filled from the reference, the combine flags
+  set with the launch's tag, a kernel rendered with only wo_a and wo_b.
+- Requirements read from the code object: no scratch or spills, LDS budget,
+  512 threads, 16-B weight loads issued before the first flag poll, MFMA.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import pytest
+import torch
+
+from k2back.codegen.compiler import compile as compile_source
+from k2back.codegen.plan import ARCHS, plan
+from k2back.codegen.render import KernelSource
+from k2back.reference import attention_back
+from k2back.runtime import launch
+from k2back.runtime.emu import EmuBackend
+from k2back import testing
+
+GEMV = ("wo_a", "wo_b")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def cache_dir(tmp_path_factory):
+    """Kernels built once per test session (the disk cache in a temp dir)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("K2BACK_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "k2back-cache"))
+        yield
+
+
+@functools.cache
+def build(geometry: str, tp: int, tokens: int, ratio: int, arch: str, stages=None):
+    spec = plan(geometry, tp, tokens, ratio, arch)
+    return spec, compile_source(KernelSource(spec, stages))
+
+
+@functools.cache
+def reference(geometry: str, tp: int, tokens: int, ratio: int, seed: int, chunk_keys: int):
+    inputs = testing.make_inputs(geometry, tp, tokens, ratio, seed)
+    return inputs, attention_back(**inputs, chunk_keys=chunk_keys, intermediates=True)
+
+
+def region(spec, scratch: torch.Tensor, name: str, dtype=torch.uint8) -> torch.Tensor:
+    """A scratch region as a flat tensor of `dtype` (a view: writes land in scratch)."""
+    r = spec.region(name)
+    return scratch[r.offset:r.offset + r.bytes].view(dtype)
+
+
+def run(spec, kernel, inputs: dict, scratch: torch.Tensor):
+    out = torch.full((spec.tokens, spec.hidden), float("nan"), dtype=torch.bfloat16)
+    stats = EmuBackend().run(kernel, spec, {**inputs, "out": out}, scratch,
+                             qk_scale=inputs["qk_scale"])
+    return out, stats
+
+
+def x8b_of(spec, scratch):
+    tokens = spec.tokens
+    return (region(spec, scratch, "x8b").reshape(tokens, -1).clone(),
+            region(spec, scratch, "x8b_codes").reshape(tokens, -1).clone())
+
+
+# --------------------------------------------------------------------------- GEMV half
+
+
+def gemv_launch(spec, kernel, inputs, want, scratch, epoch: int):
+    """Stand in for the attention stages: XO and its codes from the reference,
+    the epoch word, and every combine flag holding this launch's tag."""
+    region(spec, scratch, "xo")[:] = want["xo"].reshape(-1)
+    region(spec, scratch, "xo_codes")[:] = want["xo_codes"].reshape(-1)
+    region(spec, scratch, "epoch", torch.int32)[0] = epoch
+    region(spec, scratch, "combine_flags", torch.int32)[:] = epoch + 1
+    return run(spec, kernel, inputs, scratch)
+
+
+def check_gemv(spec, scratch, out, want):
+    testing.compare("x8b", x8b_of(spec, scratch), (want["x8b"], want["x8b_codes"]))
+    testing.compare("out", out, want["out"])
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("tp", (1, 2, 4, 8))
+@pytest.mark.parametrize("tokens", (1, 3, 17))
+def test_gemv_stages(arch, tp, tokens):
+    spec, kernel = build("tiny", tp, tokens, 2, arch, GEMV)
+    inputs, want = reference("tiny", tp, tokens, 2, 0, spec.attention.chunk_keys)
+    scratch = launch.new_scratch(spec, "cpu")
+    out, _ = gemv_launch(spec, kernel, inputs, want, scratch, epoch=41)
+    check_gemv(spec, scratch, out, want)
+    # the epoch moved on once every CTA marked it
+    assert region(spec, scratch, "epoch", torch.int32)[0] == 42
+    assert (region(spec, scratch, "epoch_marks", torch.int32) == 42).all()
+    assert (region(spec, scratch, "wo_a_flags", torch.int32) == 42).all()
+
+
+def test_gemv_waits_for_its_flags():
+    """A flag left by the previous launch (tag − 1) is not this launch's: the
+    GEMVs must not start on it (the emulator reports the deadlock)."""
+    spec, kernel = build("tiny", 8, 1, 2, "gfx942", GEMV)
+    inputs, want = reference("tiny", 8, 1, 2, 0, spec.attention.chunk_keys)
+    scratch = launch.new_scratch(spec, "cpu")
+    region(spec, scratch, "epoch", torch.int32)[0] = 5
+    region(spec, scratch, "combine_flags", torch.int32)[:] = 5  # stale
+    with pytest.raises(Exception, match="(?i)deadlock|progress"):
+        run(spec, kernel, inputs, scratch)
+
+
+# --------------------------------------------------------------------------- requirements
+
+
+def asm_lines(kernel) -> list[str]:
+    return [ln.strip() for ln in kernel.asm.splitlines() if ln.startswith("\t") and not ln.startswith("\t.")]
+
+
+def first(lines, pattern) -> int:
+    return next(i for i, ln in enumerate(lines) if re.search(pattern, ln))
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("geometry, tp, tokens", [("tiny", 1, 64), ("v4.1-flash", 4, 2),
+                                                  ("v4.1-flash", 1, 16)])
+def test_gemv_code_object(arch, geometry, tp, tokens):
+    """No scratch or spills, LDS within budget, 512 threads; each GEMV's weights
+    with 16-B streaming loads, all issued before the stage's first flag poll."""
+    for stages in (GEMV, ("wo_b",)):
+        spec, kernel = build(geometry, tp, tokens, 2, arch, stages)
+        meta = kernel.metadata
+        assert meta.private_segment_size == 0 and meta.vgpr_spill_count == 0
+        assert meta.sgpr_spill_count == 0
+        assert meta.group_segment_size == spec.lds_bytes <= spec.arch_info.lds_budget
+        assert meta.max_flat_workgroup_size == 512
+        lines = asm_lines(kernel)
+        st = getattr(spec, stages[0])
+        weight_loads = [i for i, ln in enumerate(lines) if re.match(r"buffer_load_dwordx4 .* nt", ln)]
+        poll = first(lines, r"s_sleep")
+        assert sum(i < poll for i in weight_loads) == st.row_tiles * st.k_steps
+        assert any(ln.startswith("v_mfma_f32_16x16x16") for ln in lines)
