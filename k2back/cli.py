@@ -150,9 +150,9 @@ def dump_sections(spec, kernel) -> dict[str, str]:
     return {
         "spec.json": spec.to_json(),
         "plan.txt": spec.describe(),
-        "kernel.ll": kernel.ir,
-        "kernel.opt.ll": kernel.opt_ir,
-        "kernel.s": kernel.asm,
+        "ll": kernel.ir,
+        "opt.ll": kernel.opt_ir,
+        "s": kernel.asm,
         "resources.txt": resource_report(kernel.metadata),
     }
 
