@@ -1,0 +1,124 @@
+"""Emulator speed: wave-instructions per second on this machine.
+
+Three kernels compiled from LLVM IR for gfx942 and gfx950:
+  mfma      one 16x16 bf16 tile per wave, K loop of global loads + MFMAs
+  scalar    a branchy SALU loop (uniform control flow, few vector ops)
+  idle_grid the persistent-grid shape (304 / 256 workgroups x 8 waves) where
+            each wave does a little bookkeeping and ends
+Run: .venv/bin/python benchmarks/emu_speed.py
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from emu_util import ARCHS, module, run  # noqa: E402
+
+MFMA = module("""
+define amdgpu_kernel void @mfma(ptr addrspace(1) %a, ptr addrspace(1) %out, i32 %blocks) #0 {
+entry:
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %lane = and i32 %tid, 63
+  br label %loop
+loop:
+  %kb = phi i32 [ 0, %entry ], [ %kb1, %loop ]
+  %acc = phi <4 x float> [ zeroinitializer, %entry ], [ %acc2, %loop ]
+  %base = mul i32 %kb, 64
+  %idx = add i32 %base, %lane
+  %pa = getelementptr <4 x i16>, ptr addrspace(1) %a, i32 %idx
+  %av = load <4 x i16>, ptr addrspace(1) %pa
+  %acc1 = call <4 x float> @llvm.amdgcn.mfma.f32.16x16x16bf16.1k(<4 x i16> %av, <4 x i16> %av, <4 x float> %acc, i32 0, i32 0, i32 0)
+  %acc2 = call <4 x float> @llvm.amdgcn.mfma.f32.16x16x16bf16.1k(<4 x i16> %av, <4 x i16> %av, <4 x float> %acc1, i32 0, i32 0, i32 0)
+  %kb1 = add i32 %kb, 1
+  %more = icmp ult i32 %kb1, %blocks
+  br i1 %more, label %loop, label %exit
+exit:
+  %po = getelementptr <4 x float>, ptr addrspace(1) %out, i32 %tid
+  store <4 x float> %acc2, ptr addrspace(1) %po
+  ret void
+}
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare <4 x float> @llvm.amdgcn.mfma.f32.16x16x16bf16.1k(<4 x i16>, <4 x i16>, <4 x float>, i32, i32, i32)
+""")
+
+SCALAR = module("""
+define amdgpu_kernel void @scalar(ptr addrspace(1) %out, i32 %steps) #0 {
+entry:
+  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
+  br label %loop
+loop:
+  %i = phi i32 [ 0, %entry ], [ %i1, %next ]
+  %x = phi i32 [ %wg, %entry ], [ %x2, %next ]
+  %odd = and i32 %x, 1
+  %isodd = icmp ne i32 %odd, 0
+  br i1 %isodd, label %up, label %down
+up:
+  %t = mul i32 %x, 3
+  %xu = add i32 %t, 1
+  br label %next
+down:
+  %xd = lshr i32 %x, 1
+  br label %next
+next:
+  %x1 = phi i32 [ %xu, %up ], [ %xd, %down ]
+  %x2 = xor i32 %x1, %i
+  %i1 = add i32 %i, 1
+  %more = icmp ult i32 %i1, %steps
+  br i1 %more, label %loop, label %exit
+exit:
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %v = add i32 %x2, %tid
+  %po = getelementptr i32, ptr addrspace(1) %out, i32 %tid
+  store i32 %v, ptr addrspace(1) %po
+  ret void
+}
+declare i32 @llvm.amdgcn.workgroup.id.x()
+declare i32 @llvm.amdgcn.workitem.id.x()
+""")
+
+IDLE = module("""
+define amdgpu_kernel void @idle(ptr addrspace(1) %marks) #0 {
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
+  %first = icmp eq i32 %tid, 0
+  br i1 %first, label %mark, label %done
+mark:
+  %p = getelementptr i32, ptr addrspace(1) %marks, i32 %wg
+  store atomic i32 1, ptr addrspace(1) %p syncscope("agent") monotonic, align 4
+  br label %done
+done:
+  ret void
+}
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare i32 @llvm.amdgcn.workgroup.id.x()
+""")
+
+CTAS = {"gfx942": 304, "gfx950": 256}
+
+
+def cases(arch):
+    yield "mfma", MFMA, "mfma", {"a": np.ones(64 * 4 * 64, np.uint16) * 0x3F80,
+                                 "out": np.zeros(8 * 64 * 4, np.float32), "blocks": 64}, (8,), (256,)
+    yield "scalar", SCALAR, "scalar", {"out": np.zeros(64, np.int32), "steps": 2000}, (8,), (64,)
+    yield "idle_grid", IDLE, "idle", {"marks": np.zeros(CTAS[arch], np.int32)}, (CTAS[arch],), (512,)
+
+
+def main():
+    print(f"{'kernel':<10} {'arch':<7} {'wave-instr':>11} {'seconds':>8} {'wave-instr/s':>13}")
+    for arch in ARCHS:
+        for label, ir, name, args, grid, block in cases(arch):
+            run(ir, arch, name, args, grid=grid, block=block)  # compile + warm caches
+            start = time.perf_counter()
+            stats = run(ir, arch, name, args, grid=grid, block=block)
+            seconds = time.perf_counter() - start
+            rate = stats.wave_instructions / seconds
+            print(f"{label:<10} {arch:<7} {stats.wave_instructions:>11,} {seconds:>8.3f} {rate:>13,.0f}")
+
+
+if __name__ == "__main__":
+    main()
