@@ -286,6 +286,9 @@ VOP: dict[str, tuple[str, str, object]] = {
     "v_lshlrev_b16": ("b16", "u16 b16", lambda s, a: a << (s & np.uint16(15))),
     "v_lshrrev_b16": ("b16", "u16 b16", lambda s, a: a >> (s & np.uint16(15))),
     "v_ashrrev_i16": ("i16", "u16 i16", lambda s, a: a >> (s & np.uint16(15)).astype(np.int16)),
+    # rcp with the integer-division flag: LLVM's udiv/urem expansion refines its result,
+    # so the correctly rounded reciprocal is a faithful stand-in
+    "v_rcp_iflag_f32": ("f32", "f32", _transcendental("v_rcp_f32")),
     # transcendentals (numerics: correctly rounded float64 function, ISA special values)
     **{name: (name[-3:], name[-3:], _transcendental(name)) for name in nx.TRANSCENDENTALS},
 }
