@@ -14,8 +14,8 @@ tolerances (`TOLERANCES`) are derived in the docstring there.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
-from typing import Callable
 
 import torch
 
@@ -500,6 +500,10 @@ def compare(name: str, got, want, tolerances: dict[str, Tolerance] = TOLERANCES)
     bit: a kernel's fp32 order may flip a rounding that then propagates."""
     if name not in METRICS or name not in tolerances:
         raise KeyError(f"compare: no tolerance for {name!r}; known: {sorted(tolerances)}")
+    if name in FP8_PAIRS and not all(len(_tensors(x)) == 2 for x in (got, want)):
+        raise TypeError(f"compare({name!r}): expected (bytes, codes) pairs for got and want "
+                        f"(an fp8 result is compared as values), got {type(got).__name__} "
+                        f"and {type(want).__name__}")
     shapes = [tuple(t.shape) for t in _tensors(got)], [tuple(t.shape) for t in _tensors(want)]
     if shapes[0] != shapes[1]:
         raise AssertionError(f"{name}: shape {shapes[0]} given, {shapes[1]} expected")

@@ -11,13 +11,14 @@ CPU (the emulator), a host sync on a GPU — there they run only when asked
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from k2back import formats as F
 from k2back.model import HEAD_DIM, ROPE_DIM, RankShape
+
 
 @dataclass(frozen=True)
 class TensorRule:

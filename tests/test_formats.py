@@ -204,8 +204,9 @@ def test_mxfp8_dequantize_matches_loop():
     c = g.integers(0, 255, (6, 2)).astype(np.uint8)
     got = F.mxfp8_dequantize(torch.from_numpy(b), torch.from_numpy(c)).numpy()
     dec = ml_decode("e4m3fn")
-    want = np.array([[float(dec[b[r, k]]) * math.ldexp(1.0, int(c[r, k // 32]) - 127)
-                      for k in range(64)] for r in range(6)], dtype=np.float32)
+    with np.errstate(over="ignore"):  # big codes overflow to inf, as in fp32
+        want = np.array([[float(dec[b[r, k]]) * math.ldexp(1.0, int(c[r, k // 32]) - 127)
+                          for k in range(64)] for r in range(6)], dtype=np.float32)
     assert same_values(got, want)
 
 

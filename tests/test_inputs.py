@@ -1,4 +1,5 @@
-"""make_inputs: vLLM's formats, the edge cases it promises, rank slicing."""
+"""make_inputs: vLLM's formats, the edge cases it promises, rank slicing;
+compare: what it accepts and what it rejects."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 
 from k2back import formats as F
 from k2back.model import geometry
-from k2back.reference import gather_keys
-from k2back.testing import LAUNCH_ARGS, make_inputs, rank_slice, rope_table, yarn_inv_freq
+from k2back.reference import attention_back, gather_keys
+from k2back.testing import LAUNCH_ARGS, compare, make_inputs, rank_slice, rope_table, yarn_inv_freq
 
 
 @pytest.mark.parametrize("geo,tp", [("tiny", 1), ("tiny", 8), ("tiny-16", 2)])
@@ -30,7 +31,7 @@ def test_shapes_dtypes_and_tables(geo, tp, ratio):
     assert x["cos_sin"].dtype == torch.float32 and x["cos_sin"].shape[1] == 64
     assert int(x["positions"].max()) < x["cos_sin"].shape[0] and 0 in x["positions"].tolist()
     assert (x["comp_cache"] is None) == (ratio == 0)
-    slot, comp, present = F.decode_key_table(x["key_table"])
+    _, comp, present = F.decode_key_table(x["key_table"])
     for t, n in enumerate(x["key_len"].tolist()):
         row_comp, row_present = comp[t].tolist(), present[t].tolist()
         assert not any(row_present[n:])  # −1 after key_len
@@ -66,7 +67,7 @@ def test_window_keys_are_the_tokens_own_recent_positions():
     position p − w + 1 + j: consecutive window entries walk consecutive slots
     within a page (slot % block increases by one)."""
     x = make_inputs("tiny-16", 1, 4, 0, seed=5, hole_fraction=0.0, max_pos=300)
-    slot, _, present = F.decode_key_table(x["key_table"])
+    slot, _, _ = F.decode_key_table(x["key_table"])
     g = geometry("tiny-16")
     for t, p in enumerate(x["positions"].tolist()):
         n = int(x["key_len"][t])
@@ -131,3 +132,59 @@ def test_pages_full_of_negative_zero():
     for name, mask in (("swa", present & ~comp), ("comp", present & comp)):
         data, codes = F.read_kv(x[f"{name}_cache"], x[f"{name}_block"], slot[mask])
         assert (data[:, :448] == F.OCP_NEGATIVE_ZERO).all() and (codes == 0).all()
+
+
+# --- compare --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def result():
+    return attention_back(**make_inputs("tiny-16", 2, 4, 1, 30), chunk_keys=16, intermediates=True)
+
+
+def pair(r, name):
+    return r[name], r[name + "_codes"]
+
+
+def test_compare_accepts_the_reference_itself(result):
+    for name in ("out", "o", "z"):
+        assert compare(name, result[name], result[name].clone())["rel_l2"] == 0
+    assert compare("xo", pair(result, "xo"), pair(result, "xo"))["code_flips"] == 0
+
+
+@pytest.mark.parametrize("wrong,what", [
+    (lambda r: r["out"] * 1.05, "beyond_step"),                    # a 5 % scale error
+    (lambda r: r["out"].flip(0), "rel_l2"),                        # tokens swapped
+    (lambda r: torch.where(torch.arange(r["out"].shape[1]) == 7, float("nan"),
+                           r["out"].float()).to(torch.bfloat16), "finite on one side"),
+])
+def test_compare_rejects_wrong_out(result, wrong, what):
+    with pytest.raises(AssertionError, match=what) as e:
+        compare("out", wrong(result), result["out"])
+    assert str(e.value).startswith("out outside tolerance")
+
+
+def test_compare_rejects_swapped_heads(result):
+    o = result["o"].clone()
+    o[:, [0, 1]] = o[:, [1, 0]]
+    with pytest.raises(AssertionError, match="rel_l2"):
+        compare("o", o, result["o"])
+
+
+def test_compare_fp8_as_values(result):
+    data, codes = pair(result, "xo")
+    with pytest.raises(AssertionError, match="max_code_diff"):
+        compare("xo", (data, codes + 2), (data, codes))  # every block 4× too large
+    stepped = data.clone()
+    stepped[:, ::5] ^= 2  # a mantissa bit: two or more steps off in a fifth of the bytes
+    with pytest.raises(AssertionError, match="beyond_step"):
+        compare("xo", (stepped, codes), (data, codes))
+    with pytest.raises(TypeError, match="pairs"):
+        compare("xo", data, data)
+
+
+def test_compare_shapes_and_names(result):
+    with pytest.raises(AssertionError, match="shape"):
+        compare("out", result["out"][:-1], result["out"])
+    with pytest.raises(KeyError, match="no tolerance"):
+        compare("scores", result["scores"], result["scores"])

@@ -17,7 +17,7 @@ GEO, TP, TOKENS = "tiny-16", 2, 3
 RANK = geometry(GEO).rank(TP)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _inputs(ratio: int) -> dict:
     return make_inputs(GEO, TP, TOKENS, ratio, seed=0)
 
