@@ -16,7 +16,8 @@ from k2back.codegen import render, signature
 from k2back.codegen.compiler import IRSource, compile
 from k2back.codegen.plan import plan
 from k2back.emu import Machine
-from k2back.model import HEAD_DIM, MX_BLOCK
+from k2back.formats import KV_DATA_BYTES
+from k2back.model import HEAD_DIM, MX_BLOCK, NOPE_DIM
 from k2back.reference import attention_back
 from k2back.runtime.kernargs import LaunchDims, pack_kernargs
 from k2back.runtime.launch import kernel_arguments
@@ -154,14 +155,18 @@ def test_edge_cases(arch, name, overrides):
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
 def test_negative_zero_key_bytes(arch):
     """OCP -0 (0x80) key bytes are NaN to gfx942's FNUZ converter: they must
-    decode to 0. Every nope byte of every cache record that reads 0 becomes
-    0x80 (same value), so a wrong decode poisons the scores."""
+    decode to 0. Every zero nope byte of every cache record becomes 0x80 (the
+    same value), so a wrong decode poisons the scores."""
     spec = plan("tiny", 4, 3, 2, arch)
     inputs = make_inputs("tiny", 4, 3, 2, 3)
-    for cache in ("swa_cache", "comp_cache"):
-        pages = inputs[cache].clone()
-        pages[pages == 0] = 0x80
-        inputs[cache] = pages
+    for cache in ("swa", "comp"):
+        pages = inputs[f"{cache}_cache"].clone()
+        block = inputs[f"{cache}_block"]
+        records = pages[:, :block * KV_DATA_BYTES].view(-1, block, KV_DATA_BYTES)
+        nope = records[..., :NOPE_DIM]
+        assert (nope == 0).any()
+        nope[nope == 0] = 0x80
+        inputs[f"{cache}_cache"] = pages
     a = spec.attention
     want = reference(spec, inputs)
     scratch = torch.zeros(spec.scratch_bytes, dtype=torch.uint8)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from k2back.formats import KV_DATA_BYTES, KV_SCALE_BYTES
 from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, NOPE_DIM, ROPE_DIM, RankShape
 
 WAVES = 8  # 512 threads a CTA
@@ -44,8 +45,6 @@ HEAD_TILE = 16  # heads of one MFMA (B columns)
 # fp8_ds_mla record as the split stage keeps it raw in LDS: 576 data bytes,
 # 8 scale bytes, 8 pad bytes so consecutive keys land 16 banks apart (PV reads
 # a dword of 4 keys at a time) and every record stays 16-B aligned.
-KV_DATA_BYTES = NOPE_DIM + 2 * ROPE_DIM
-KV_SCALE_BYTES = 8
 RAW_STRIDE = KV_DATA_BYTES + KV_SCALE_BYTES + 8
 # A q row (one head, bf16) in LDS, padded by 16 B: the 16 lanes reading one
 # column of 16 heads hit different banks.
@@ -122,6 +121,8 @@ class AttentionPlan:
     lds_bytes: int
     scratch: dict[str, int] = field(hash=False)
 
+    kv_data_bytes = KV_DATA_BYTES
+    kv_scale_bytes = KV_SCALE_BYTES
     nope_dims = NOPE_DIM
     rope_dims = ROPE_DIM
     q_row = Q_ROW
