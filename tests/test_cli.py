@@ -1,12 +1,15 @@
 """The `k2back` command line, run as users run it: in subprocesses, with the
-cache in a temp dir."""
+cache in a temp dir; the commands that build the K2 kernel use the tiny geometry."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
+import llvmlite.binding as llvm
 import pytest
 
 from k2back.cli import int_list
@@ -53,3 +56,82 @@ def test_cache_ls_size_clear(tmp_path, monkeypatch):
     cleared = k2back("cache", "clear", cache_dir=tmp_path)
     assert cleared.returncode == 0 and "removed 1 entries" in cleared.stdout
     assert "mixed" not in k2back("cache", "ls", cache_dir=tmp_path).stdout
+
+
+# ---- commands that build the K2 kernel ---------------------------------------------------
+
+TINY = ("--geometry", "tiny", "--tp", "4", "--ratio", "2")
+
+
+def warmup(cache_dir, *config):
+    return k2back("warmup", "--jobs", "1", "--quiet", *config, cache_dir=cache_dir)
+
+
+def summary(stdout: str) -> dict[str, int]:
+    """The closing line `N built, N cached, N failed of N`."""
+    return {word: int(n) for n, word in re.findall(r"(\d+) (built|cached|failed)", stdout)}
+
+
+def test_warmup_twice_second_all_hits(tmp_path):
+    config = (*TINY, "--arch", "gfx942,gfx950", "--tokens", "1,3")
+    first = warmup(tmp_path, *config)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert summary(first.stdout) == {"built": 4, "cached": 0, "failed": 0}
+    second = warmup(tmp_path, *config)
+    assert second.returncode == 0
+    assert summary(second.stdout) == {"built": 0, "cached": 4, "failed": 0}
+    assert "k2_back_tiny_tp4_s3_r2_gfx950" in second.stdout
+
+
+def test_warmup_reports_failures_and_exits_nonzero(tmp_path):
+    # TP 8 does not divide tiny-16's 2 groups: a planner error, one row of the report
+    done = warmup(tmp_path, "--geometry", "tiny-16", "--tp", "1,8", "--ratio", "0",
+                  "--arch", "gfx942", "--tokens", "1")
+    assert done.returncode == 1
+    assert summary(done.stdout) == {"built": 1, "cached": 0, "failed": 1}
+    assert re.search(r"tp=8 .*failed .*tp", done.stdout)
+
+
+def test_concurrent_warmups_and_a_truncated_entry(tmp_path):
+    config = (*TINY, "--arch", "gfx942", "--tokens", "2")
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(lambda _: warmup(tmp_path, *config), range(2)))
+    assert all(r.returncode == 0 for r in runs), [r.stdout + r.stderr for r in runs]
+    counts = [summary(r.stdout) for r in runs]
+    # one of them built the entry under the key's lock, the other then loaded it
+    assert sorted(c["built"] for c in counts) == [0, 1]
+    entries = [p for p in tmp_path.iterdir() if (p / "manifest.json").is_file()]
+    assert len(entries) == 1
+    hsaco = next(entries[0].glob("*.hsaco"))
+    hsaco.write_bytes(hsaco.read_bytes()[:100])  # truncated on disk
+    again = warmup(tmp_path, *config)
+    assert summary(again.stdout)["built"] == 1, again.stdout
+    assert "corrupt" in again.stderr
+    assert summary(warmup(tmp_path, *config).stdout)["cached"] == 1
+
+
+def test_dump_to_stdout_and_to_files(tmp_path):
+    config = (*TINY, "--arch", "gfx950", "--tokens", "3")
+    shown = k2back("dump", *config, cache_dir=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "v_mfma" in shown.stdout and ".amdhsa_kernel" in shown.stdout
+    out = tmp_path / "dump"
+    written = k2back("dump", *config, "--out", str(out), cache_dir=tmp_path)
+    assert written.returncode == 0, written.stderr
+    name = "k2_back_tiny_tp4_s3_r2_gfx950"
+    for suffix in (".ll", ".opt.ll"):
+        ir = (out / f"{name}{suffix}").read_text()
+        module = llvm.parse_assembly(ir)  # llvmlite parses what we dumped
+        module.verify()
+        assert module.get_function(name) is not None
+    asm = (out / f"{name}.s").read_text()
+    assert f".amdhsa_kernel {name}" in asm
+    assert "VGPR" in (out / f"{name}.resources.txt").read_text()
+    assert '"tokens": 3' in (out / f"{name}.spec.json").read_text()
+
+
+def test_plan_table(tmp_path):
+    done = k2back("plan", *TINY, "--arch", "gfx942", "--tokens", "16", cache_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    for word in ("split", "combine", "wo_a", "wo_b", "LDS", "scratch"):
+        assert word in done.stdout
