@@ -122,12 +122,15 @@ class DecodeContext:
 class Machine:
     """A gfx942/gfx950 device with no GPU: map host buffers, launch kernels from asm text."""
 
-    def __init__(self, arch: str, *, quantum: int = 256, stall_rounds: int = 2000):
+    def __init__(self, arch: str, *, quantum: int = 256, stall_rounds: int = 2000, trace=None):
+        """`trace(wave, instruction)`, if given, is called after every executed
+        instruction (a debugging aid: it makes the launch several times slower)."""
         if arch not in ARCH_LDS_BYTES:
             raise EmulatorError(f"arch: expected one of {tuple(ARCH_LDS_BYTES)}, got {arch!r}")
         self.arch = arch
         self.quantum = quantum
         self.stall_rounds = stall_rounds
+        self.trace = trace
         self.memory = GlobalMemory()
         self._clock = 0
         self._progress = False
@@ -207,6 +210,8 @@ class Machine:
                 hits[pc] += 1
                 budget -= 1
                 signal = code[pc](w)
+                if self.trace is not None:
+                    self.trace(w, kernel.instructions[pc] if pc < len(kernel.instructions) else None)
                 if signal:
                     return self.quantum - budget, signal
         except EmulatorError as error:

@@ -397,10 +397,13 @@ def _ds_move(ins, ctx, op, suffix):
             if not w.exec:
                 return
             lds = w.group.lds
-            for row, offset in zip(data_rows, offsets):
-                addresses = _lds_addresses(w, addr_row, offset, size, ins)
-                load_lanes(w, row, lds[addresses[:, None] + span], kind)
-                stats.lds_read += addresses.size * size
+            # Both halves of a read2 are read before either is written: the
+            # destination may overlap the address register.
+            data = [lds[_lds_addresses(w, addr_row, offset, size, ins)[:, None] + span]
+                    for offset in offsets]
+            for row, values in zip(data_rows, data):
+                load_lanes(w, row, values, kind)
+                stats.lds_read += values.size
         return lds_load
 
     def lds_store(w):
