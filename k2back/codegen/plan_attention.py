@@ -121,6 +121,7 @@ class AttentionPlan:
     lds_bytes: int
     scratch: dict[str, int] = field(hash=False)
 
+    head_dim = HEAD_DIM
     kv_data_bytes = KV_DATA_BYTES
     kv_scale_bytes = KV_SCALE_BYTES
     nope_dims = NOPE_DIM
