@@ -2,6 +2,9 @@
 emulator on make_inputs' launch arguments, against the reference of record
 (k2back.reference) within the calibrated tolerances (k2back.testing.compare).
 
+- The whole kernel: out and the intermediates XO and X8B, fast suite on the
+  tiny geometry (both archs x TP 1/2/4/8 x ratio 0/2 x S 1/3/16, edge cases),
+  slow suite on V4.1-Flash; three launches on one scratch buffer (epoch).
 - GEMV half alone: scratch's XO filled from the reference, the combine flags
   set with the launch's tag, a kernel rendered with only wo_a and wo_b.
 - Requirements read from the code object: no scratch or spills, LDS budget,
@@ -11,6 +14,7 @@ emulator on make_inputs' launch arguments, against the reference of record
 from __future__ import annotations
 
 import functools
+import math
 import re
 
 import pytest
@@ -60,10 +64,94 @@ def run(spec, kernel, inputs: dict, scratch: torch.Tensor):
     return out, stats
 
 
-def x8b_of(spec, scratch):
-    tokens = spec.tokens
-    return (region(spec, scratch, "x8b").reshape(tokens, -1).clone(),
-            region(spec, scratch, "x8b_codes").reshape(tokens, -1).clone())
+def mxfp8_of(spec, scratch, name):
+    """(bytes, codes) of an MXFP8 hand-off region ("xo" or "x8b"), [S, ...] each."""
+    return tuple(region(spec, scratch, r).reshape(spec.tokens, -1).clone()
+                 for r in (name, f"{name}_codes"))
+
+
+def check(spec, scratch, out, want, names=("xo", "x8b", "out")):
+    for name in names:
+        if name == "out":
+            testing.compare(name, out, want[name])
+        else:
+            testing.compare(name, mxfp8_of(spec, scratch, name), (want[name], want[f"{name}_codes"]))
+
+
+# --------------------------------------------------------------------------- whole kernel
+
+
+def launch_and_check(geometry, tp, tokens, ratio, arch, inputs, scratch=None):
+    spec, kernel = build(geometry, tp, tokens, ratio, arch)
+    want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
+    scratch = launch.new_scratch(spec, "cpu") if scratch is None else scratch
+    out, stats = run(spec, kernel, inputs, scratch)
+    check(spec, scratch, out, want)
+    return stats
+
+
+FAST = [(arch, tp, ratio, tokens) for arch in sorted(ARCHS) for tp in (1, 2, 4, 8)
+        for ratio in (0, 2) for tokens in (1, 3, 16)]
+
+
+@pytest.mark.parametrize("arch, tp, ratio, tokens", FAST)
+def test_kernel_matches_reference(arch, tp, ratio, tokens):
+    inputs = testing.make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp)
+    launch_and_check("tiny", tp, tokens, ratio, arch, inputs)
+
+
+def _minus_one_entries(inputs):
+    table = inputs["key_table"].clone()
+    table[:, 1::5] = -1  # holes inside key_len: a top-k short of rows
+    return {"key_table": table}
+
+
+def _negative_zero_bytes(inputs):
+    """Every key byte reading 0 becomes 0x80 (OCP −0, same value; NaN to FNUZ)."""
+    return {c: torch.where(inputs[c] == 0, 0x80, inputs[c]).to(torch.uint8)
+            for c in ("swa_cache", "comp_cache")}
+
+
+EDGES = {
+    "key_len 0 and 1": {"key_len": torch.tensor([0, 1, 40], dtype=torch.int32)},
+    "key_len 0, sink -inf": {"key_len": 0, "sink": -math.inf},
+    "sink -inf": {"sink": -math.inf},
+    "sink +inf": {"sink": math.inf},
+    "position 0": {"positions": 0},
+    "-1 entries": _minus_one_entries,
+    "-0 key bytes": _negative_zero_bytes,
+}
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("edge", EDGES)
+def test_kernel_edge_cases(arch, edge):
+    change = EDGES[edge]
+    inputs = testing.make_inputs("tiny", 4, 3, 2, seed=7, **({} if callable(change) else change))
+    if callable(change):
+        inputs.update(change(inputs))
+    launch_and_check("tiny", 4, 3, 2, arch, inputs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, tp, tokens, ratio", [("gfx942", 4, 2, 2), ("gfx950", 4, 2, 2),
+                                                     ("gfx942", 8, 1, 0)])
+def test_kernel_v41_flash(arch, tp, tokens, ratio):
+    inputs = testing.make_inputs("v4.1-flash", tp, tokens, ratio, seed=3)
+    launch_and_check("v4.1-flash", tp, tokens, ratio, arch, inputs)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_consecutive_launches_share_scratch(arch):
+    """The epoch protocol: three launches on one scratch buffer, nothing
+    cleared in between, each on new inputs: a flag left by an earlier launch
+    taken for a fresh one would hand stale XO / X8B on and fail the check."""
+    spec, _ = build("tiny", 4, 3, 2, arch)
+    scratch = launch.new_scratch(spec, "cpu")
+    for launch_index in range(3):
+        inputs = testing.make_inputs("tiny", 4, 3, 2, seed=100 + launch_index)
+        launch_and_check("tiny", 4, 3, 2, arch, inputs, scratch)
+        assert region(spec, scratch, "epoch", torch.int32)[0] == launch_index + 1
 
 
 # --------------------------------------------------------------------------- GEMV half
@@ -79,11 +167,6 @@ def gemv_launch(spec, kernel, inputs, want, scratch, epoch: int):
     return run(spec, kernel, inputs, scratch)
 
 
-def check_gemv(spec, scratch, out, want):
-    testing.compare("x8b", x8b_of(spec, scratch), (want["x8b"], want["x8b_codes"]))
-    testing.compare("out", out, want["out"])
-
-
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("tp", (1, 2, 4, 8))
 @pytest.mark.parametrize("tokens", (1, 3, 17))
@@ -92,7 +175,7 @@ def test_gemv_stages(arch, tp, tokens):
     inputs, want = reference("tiny", tp, tokens, 2, 0, spec.attention.chunk_keys)
     scratch = launch.new_scratch(spec, "cpu")
     out, _ = gemv_launch(spec, kernel, inputs, want, scratch, epoch=41)
-    check_gemv(spec, scratch, out, want)
+    check(spec, scratch, out, want, ("x8b", "out"))
     # the epoch moved on once every CTA marked it
     assert region(spec, scratch, "epoch", torch.int32)[0] == 42
     assert (region(spec, scratch, "epoch_marks", torch.int32) == 42).all()
@@ -139,5 +222,24 @@ def test_gemv_code_object(arch, geometry, tp, tokens):
         st = getattr(spec, stages[0])
         weight_loads = [i for i, ln in enumerate(lines) if re.match(r"buffer_load_dwordx4 .* nt", ln)]
         poll = first(lines, r"s_sleep")
-        assert sum(i < poll for i in weight_loads) == st.row_tiles * st.k_steps
+        batch = st.per_cta if st.batch else 1
+        assert sum(i < poll for i in weight_loads) == batch * st.row_tiles * st.k_steps
         assert any(ln.startswith("v_mfma_f32_16x16x16") for ln in lines)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("geometry, tp, tokens, ratio", [("tiny", 1, 16, 2), ("tiny", 8, 1, 0),
+                                                         ("v4.1-flash", 4, 2, 2)])
+def test_kernel_code_object(arch, geometry, tp, tokens, ratio):
+    """The whole kernel: no scratch or spills, LDS within budget, 512 threads,
+    16-B loads; MFMA in every stage that multiplies (split: QK and PV, wo_a, wo_b)."""
+    spec, kernel = build(geometry, tp, tokens, ratio, arch)
+    meta = kernel.metadata
+    assert meta.private_segment_size == 0 and meta.vgpr_spill_count == 0
+    assert meta.sgpr_spill_count == 0
+    assert meta.group_segment_size == spec.lds_bytes <= spec.arch_info.lds_budget
+    assert meta.max_flat_workgroup_size == spec.threads == 512
+    assert any(ln.startswith("buffer_load_dwordx4") for ln in asm_lines(kernel))
+    for stage in ("split", "wo_a", "wo_b"):
+        _, alone = build(geometry, tp, tokens, ratio, arch, (stage,))
+        assert any(ln.startswith("v_mfma_") for ln in asm_lines(alone)), stage

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from k2back.codegen.llvm import ARCHS as LLVM_ARCHS
 from k2back.codegen.plan_attention import ARCH_TARGETS, AttentionPlan, plan_attention
-from k2back.model import MX_BLOCK, RankShape, geometry as model_geometry
+from k2back.formats import KV_RECORD_BYTES
+from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, RankShape, geometry as model_geometry
 
 THREADS = 512  # 8 waves of 64: one CTA a CU, all resident
 WAVES = THREADS // 64
@@ -38,6 +39,7 @@ STEP_BYTES = 64  # k bytes one 16-B load a lane covers across the 4 lane groups
 REGION_ALIGN = 256
 FLAG_BYTES = 4
 MAX_TOKENS = 64
+MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of tasks (128 VGPRs)
 RATIOS = (0, 1, 2)
 
 
@@ -101,7 +103,9 @@ class GemvStage:
 
     name: str
     tasks: int
-    first_cta: int
+    first_cta: int  # task t runs on CTA (first_cta + t % ctas) % BLOCKS, as its (t // ctas)th
+    ctas: int
+    batch: bool  # a CTA's tasks' weights all in flight before its first poll
     rows: int  # weight rows a task: rows/16 MFMA row tiles
     k: int  # contraction length = weight row bytes
     k_waves: int
@@ -118,6 +122,10 @@ class GemvStage:
     @property
     def row_tiles(self) -> int:
         return self.rows // TILE
+
+    @property
+    def per_cta(self) -> int:
+        return math.ceil(self.tasks / self.ctas)
 
     @property
     def red_bytes(self) -> int:
@@ -169,14 +177,27 @@ class KernelSpec:
         raise KeyError(f"LDS member {stage}.{name} not in the plan")
 
     @property
-    def stage_tasks(self) -> dict[str, tuple[int, int]]:
-        """stage -> (tasks, CTA of task 0), in execution order."""
+    def stage_tasks(self) -> dict[str, tuple[int, int, int]]:
+        """stage -> (tasks, CTA of task 0, CTAs the tasks spread over), in execution order."""
         a = self.attention
         return {
-            "split": (a.split_tasks, self.split_first_cta),
-            "combine": (a.combine_tasks, self.combine_first_cta),
-            "wo_a": (self.wo_a.tasks, self.wo_a.first_cta),
-            "wo_b": (self.wo_b.tasks, self.wo_b.first_cta),
+            "split": (a.split_tasks, self.split_first_cta, self.blocks),
+            "combine": (a.combine_tasks, self.combine_first_cta, self.blocks),
+            "wo_a": (self.wo_a.tasks, self.wo_a.first_cta, self.wo_a.ctas),
+            "wo_b": (self.wo_b.tasks, self.wo_b.first_cta, self.wo_b.ctas),
+        }
+
+    def minimum_bytes(self, valid_keys: int) -> dict[str, int]:
+        """SPEC §6, the bytes a launch must move at least: every weight byte and
+        block code once, one KV record per valid (token, key), q, the key table
+        (read) and out (written)."""
+        weights = self.o_rows * HEAD_DIM * HEADS_PER_GROUP + self.hidden * self.o_rows
+        return {
+            "weights": weights + weights // (MX_BLOCK * MX_BLOCK),
+            "kv": valid_keys * KV_RECORD_BYTES,
+            "q": self.tokens * self.heads * HEAD_DIM * 2,
+            "key_table": self.tokens * self.keys * 4,
+            "out": self.tokens * self.hidden * 2,
         }
 
     def to_json(self) -> str:
@@ -195,9 +216,9 @@ class KernelSpec:
             f"{self.name}: {self.geometry} TP {self.tp}, S {self.tokens}, ratio {self.ratio}, "
             f"{self.arch}, {self.blocks} x {self.threads}",
             f"chunk {self.attention.chunk_keys} keys x {self.attention.nchunk}",
-            f"{'stage':<8} {'tasks':>6} {'first CTA':>10}",
+            f"{'stage':<8} {'tasks':>6} {'first CTA':>10} {'CTAs':>6}",
         ]
-        lines += [f"{s:<8} {n:>6} {c:>10}" for s, (n, c) in self.stage_tasks.items()]
+        lines += [f"{s:<8} {n:>6} {c:>10} {k:>6}" for s, (n, c, k) in self.stage_tasks.items()]
         lines.append(f"LDS {self.lds_bytes} B (budget {self.arch_info.lds_budget})")
         lines += [f"  {m.stage:<8} {m.name:<10} @{m.offset:>6} {m.bytes:>7} B" for m in self.lds]
         lines.append(f"scratch {self.scratch_bytes} B")
@@ -237,6 +258,23 @@ def _k_split(k: int) -> tuple[int, int]:
     return waves, steps // waves
 
 
+def _wo_b_ctas(tasks: int, busy: int, blocks: int) -> int:
+    """CTAs wo_b spreads over, from the first CTA after the earlier stages'
+    tasks: only those with no earlier work when they take at most two tasks
+    each (weights of both in flight at launch: nothing streams late behind
+    attention or wo_a work), else the whole grid."""
+    free = blocks - busy
+    fits = free > 0 and math.ceil(tasks / free) <= max(2, math.ceil(tasks / blocks))
+    return min(free, tasks) if fits else min(blocks, tasks)
+
+
+def _batch_fits(loads: int, token_tiles: int) -> bool:
+    """Whether a CTA's weights (`loads` 16-B loads a lane) may all be in flight
+    at once: 128 VGPRs at most, twice the raw bytes when several token tiles
+    reuse them (LLVM keeps them converted to bf16 between tiles)."""
+    return loads * (2 if token_tiles > 1 else 1) <= MAX_BATCH_LOADS
+
+
 def _check(name: str, value, expected: str, ok: bool):
     if not ok:
         raise ValueError(f"{name}: expected {expected}, got {value!r}")
@@ -263,13 +301,17 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
     woa_waves, woa_steps = _k_split(geo.group_k)
     wob_waves, wob_steps = _k_split(rank.o_rows)
     wo_a = GemvStage(
-        name="wo_a", tasks=woa_tasks, first_cta=attention_tasks % blocks, rows=2 * TILE,
+        name="wo_a", tasks=woa_tasks, first_cta=attention_tasks % blocks,
+        ctas=min(blocks, woa_tasks), batch=False, rows=2 * TILE,
         k=geo.group_k, k_waves=woa_waves, k_steps=woa_steps, token_tiles=token_tiles,
         weight="wo_a", weight_scale="wo_a_scale", x="xo", x_codes="xo_codes",
         x_row=rank.q_cols, tasks_per_group=geo.o_rank // 32, red=0,
     )
+    wob_tasks = geo.hidden // TILE
+    wob_ctas = _wo_b_ctas(wob_tasks, attention_tasks + woa_tasks, blocks)
     wo_b = GemvStage(
-        name="wo_b", tasks=geo.hidden // TILE, first_cta=(attention_tasks + woa_tasks) % blocks,
+        name="wo_b", tasks=wob_tasks, first_cta=(attention_tasks + woa_tasks) % blocks,
+        ctas=wob_ctas, batch=_batch_fits(math.ceil(wob_tasks / wob_ctas) * wob_steps, token_tiles),
         rows=TILE, k=rank.o_rows, k_waves=wob_waves, k_steps=wob_steps, token_tiles=token_tiles,
         weight="wo_b", weight_scale="wo_b_scale", x="x8b", x_codes="x8b_codes",
         x_row=rank.o_rows, tasks_per_group=geo.hidden // TILE, red=0,

@@ -1,0 +1,91 @@
+"""Efficiency of the K2 kernel where no timer exists: the emulator's counts.
+
+Per configuration: global bytes read from the launch inputs against the SPEC
+§6 minimum (each weight byte once, one KV record per valid (token, key), q,
+key table), the hand-off traffic through scratch, and wave-instructions per
+stage (kernels holding the first 1, 2, 3, 4 stages, differenced: a stage
+subset only awaits flags of the stages it holds). Prints a table.
+
+    .venv/bin/python benchmarks/kernel_efficiency.py [--full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from k2back import testing
+from k2back.codegen.compiler import compile as compile_source
+from k2back.codegen.plan import plan
+from k2back.codegen.render import STAGES, KernelSource
+from k2back.emu import Machine
+from k2back.reference import gather_keys
+from k2back.runtime import launch
+
+CONFIGS = [  # (geometry, tp, tokens, ratio, arch)
+    ("tiny", 4, 3, 2, "gfx942"),
+    ("tiny", 1, 16, 0, "gfx950"),
+]
+FULL = [
+    ("v4.1-flash", 4, 1, 2, "gfx942"),
+    ("v4.1-flash", 4, 2, 2, "gfx950"),
+    ("v4.1-flash", 8, 1, 0, "gfx942"),
+]
+
+
+def emulate(spec, kernel, inputs: dict):
+    """One launch in the emulator with every buffer mapped under its argument name."""
+    machine = Machine(spec.arch)
+    scratch = launch.new_scratch(spec, "cpu")
+    tensors = {**inputs, "out": torch.zeros(spec.tokens, spec.hidden, dtype=torch.bfloat16)}
+    names = {id(t): n for n, t in tensors.items() if isinstance(t, torch.Tensor)}
+    segment = launch.kernargs(kernel, spec, tensors, machine.map(scratch, "scratch"),
+                              lambda t: machine.map(t, names[id(t)]), inputs["qk_scale"])
+    dims = launch.launch_dims(spec)
+    return machine.launch(kernel.asm, kernel.name, grid=dims.grid, block=dims.block,
+                          kernargs=segment)
+
+
+def measure(geometry, tp, tokens, ratio, arch) -> dict:
+    spec = plan(geometry, tp, tokens, ratio, arch)
+    inputs = testing.make_inputs(geometry, tp, tokens, ratio, seed=0)
+    _, valid = gather_keys(*(inputs[k] for k in ("key_table", "key_len", "swa_cache",
+                                                  "swa_block", "comp_cache", "comp_block")))
+    minimum = spec.minimum_bytes(int(valid.sum()))
+    row = {"config": f"{geometry} tp{tp} s{tokens} r{ratio} {arch}"}
+    previous = 0
+    for n in range(1, len(STAGES) + 1):
+        start = time.perf_counter()
+        kernel = compile_source(KernelSource(spec, STAGES[:n]))
+        row["compile_s"] = time.perf_counter() - start
+        stats = emulate(spec, kernel, inputs)
+        row[STAGES[n - 1]] = stats.wave_instructions - previous
+        previous = stats.wave_instructions
+    read = {k: v for k, v in stats.bytes_read.items() if k not in ("scratch", "out")}
+    needed = sum(minimum.values()) - minimum["out"]
+    row.update(read_mb=sum(read.values()) / 1e6, min_mb=needed / 1e6,
+               ratio=sum(read.values()) / needed,
+               scratch_mb=(stats.bytes_read.get("scratch", 0) + stats.bytes_written.get("scratch", 0)) / 1e6,
+               mfma=stats.instructions.get("mfma", 0), polls=stats.total_polls)
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="also V4.1-Flash (slow: minutes each)")
+    args = parser.parse_args()
+    columns = ["config", "read_mb", "min_mb", "ratio", "scratch_mb", *STAGES, "mfma", "polls",
+               "compile_s"]
+    print(" | ".join(f"{c:>10}" if c != "config" else f"{c:<28}" for c in columns))
+    for config in CONFIGS + (FULL if args.full else []):
+        row = measure(*config)
+        cells = [f"{row[c]:<28}" if c == "config" else
+                 f"{row[c]:>10.3f}" if isinstance(row[c], float) else f"{row[c]:>10}"
+                 for c in columns]
+        print(" | ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
