@@ -1,6 +1,8 @@
 """AttentionBack: every bad argument rejected by name before anything is
-written (out filled with a sentinel stays untouched), and the configuration
-errors a user meets first (backend, arch)."""
+written (out filled with a sentinel stays untouched), the configuration errors
+a user meets first (backend, arch); then the real K2 kernel through the API
+and the torch custom op, in the emulator (tiny geometry), against the
+reference of record."""
 
 from __future__ import annotations
 
@@ -8,13 +10,22 @@ import pytest
 import torch
 
 import k2back
+from k2back import ops
 from k2back.api import AttentionBack
 from k2back.model import geometry
+from k2back.reference import attention_back
 from k2back.runtime.hip import BackendUnavailable, runtime_status
-from k2back.testing import make_inputs
+from k2back.testing import compare, make_inputs
 
-GEOMETRY, TP, TOKENS, RATIO = "tiny", 4, 3, 2
+GEOMETRY, TP, TOKENS, RATIO, ARCH = "tiny", 4, 3, 2, "gfx942"
 SENTINEL = 7.0
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path_factory, monkeypatch):  # nothing built here lands in the user's cache
+    path = tmp_path_factory.getbasetemp() / "k2back-cache"
+    monkeypatch.setenv("K2BACK_CACHE_DIR", str(path))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +38,7 @@ def sentinel_out():
 
 
 def layer(**kw):
-    return AttentionBack(GEOMETRY, **{"tp": TP, "ratio": RATIO, "arch": "gfx942", "backend": "emu",
+    return AttentionBack(GEOMETRY, **{"tp": TP, "ratio": RATIO, "arch": ARCH, "backend": "emu",
                                       **kw})
 
 
@@ -141,3 +152,46 @@ def test_hip_backend_without_rocm():
 
 def test_exported_from_the_package():
     assert k2back.AttentionBack is AttentionBack
+
+
+# ---- the K2 kernel through the API and the op ---------------------------------------------
+
+
+def reference_out(inputs, tokens):
+    spec = ops.plan_for(GEOMETRY, TP, tokens, RATIO, ARCH)
+    return attention_back(**inputs, chunk_keys=spec.attention.chunk_keys)
+
+
+def test_one_layer_many_calls(cache_dir):
+    """One layer object: token counts 3, 1, 3 (kernel per S built once), fresh
+    inputs each call, the scratch carried over (nothing cleared), each correct."""
+    layer = AttentionBack(GEOMETRY, tp=TP, ratio=RATIO, arch=ARCH, backend="emu")
+    for seed, tokens in enumerate((3, 1, 3)):
+        inputs = make_inputs(GEOMETRY, TP, tokens, RATIO, seed=10 + seed)
+        out = layer(**inputs)
+        compare("out", out, reference_out(inputs, tokens))
+    assert len(layer._scratch) == 2  # one scratch a kernel, kept across calls
+
+
+def test_out_given_and_qk_scale(cache_dir):
+    inputs = make_inputs(GEOMETRY, TP, 2, RATIO, seed=4)
+    layer = AttentionBack(GEOMETRY, tp=TP, ratio=RATIO, arch=ARCH, backend="emu")
+    out = torch.full((2, 256), 7.0, dtype=torch.bfloat16)
+    assert layer(**{**inputs, "qk_scale": 0.02}, out=out) is out
+    spec = ops.plan_for(GEOMETRY, TP, 2, RATIO, ARCH)
+    want = attention_back(**{**inputs, "qk_scale": 0.02}, chunk_keys=spec.attention.chunk_keys)
+    compare("out", out, want)
+
+
+def test_opcheck(cache_dir):
+    inputs = make_inputs(GEOMETRY, TP, 1, RATIO, seed=6)
+    spec, _ = ops.kernel_for(GEOMETRY, TP, 1, RATIO, ARCH)
+    kwargs = dict(out=torch.empty(1, 256, dtype=torch.bfloat16),
+                  scratch=torch.zeros(spec.scratch_bytes, dtype=torch.uint8),
+                  geometry=GEOMETRY, tp=TP, ratio=RATIO, arch=ARCH)
+    # opcheck's own comparisons have no fp8 kernels on the CPU: the weights go
+    # in as their bytes (all the kernel reads)
+    fp8_as_bytes = {k: v.view(torch.uint8) for k, v in inputs.items()
+                    if isinstance(v, torch.Tensor) and v.dtype == torch.float8_e4m3fn}
+    torch.library.opcheck(torch.ops.k2back.attention_back.default, (),
+                          {**inputs, **fp8_as_bytes, **kwargs})

@@ -135,3 +135,12 @@ def test_plan_table(tmp_path):
     assert done.returncode == 0, done.stderr
     for word in ("split", "combine", "wo_a", "wo_b", "LDS", "scratch"):
         assert word in done.stdout
+@pytest.mark.parametrize("perturb, code", [((), 0), (("--perturb",), 1)])
+def test_verify(tmp_path, perturb, code):
+    done = k2back("verify", *TINY, "--arch", "gfx942", "--tokens", "3", "--seed", "5", *perturb,
+                  cache_dir=tmp_path)
+    assert done.returncode == code, done.stdout + done.stderr
+    for name in ("out", "xo", "x8b"):
+        assert f"  {name}: " in done.stdout
+    assert ("MISMATCH" in done.stdout) == bool(perturb)
+    assert "emulator" in done.stdout and "VGPR" in done.stdout
