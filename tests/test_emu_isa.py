@@ -39,6 +39,8 @@ def test_perm_packed_f32_and_sdwa(arch):
 \tv_not_b32_e32 v3, v2
 \ts_mov_b32 s4, 0xc040d01
 \tv_perm_b32 v9, v2, v3, s4
+\ts_mov_b32 s5, 0x1000706
+\tv_perm_b32 v17, v2, v3, s5
 \tv_cvt_f32_u32_e32 v12, v0
 \tv_add_f32_e32 v13, 0.5, v12
 \tv_mov_b32_e32 v14, 0x40400000
@@ -48,10 +50,11 @@ def test_perm_packed_f32_and_sdwa(arch):
 \tv_lshlrev_b32_e32 v8, 4, v0{STORE_OUT}
 \tglobal_store_dwordx4 v8, v[9:12], s[2:3]
 \tv_lshlrev_b32_e32 v8, 2, v0
-\tglobal_store_dword v8, v16, s[2:3] offset:1024"""
-    out = np.zeros(64 * 4 + 64, np.uint32)
+\tglobal_store_dword v8, v16, s[2:3] offset:1024
+\tglobal_store_dword v8, v17, s[2:3] offset:1280"""
+    out = np.zeros(64 * 4 + 128, np.uint32)
     run_handwritten(arch, body, out)
-    a = (LANE * 0x1234567) & 0xFFFFFFFF
+    a = (LANE * 0x234567) & 0xFFFFFFFF  # v_mul_u32_u24 uses the low 24 bits
     b = ~a
     pool = (a.astype(np.uint64) << np.uint64(32)) | b.astype(np.uint64)
     byte = lambda i: ((pool >> np.uint64(8 * i)) & np.uint64(0xFF)).astype(np.uint32)  # noqa: E731
@@ -62,4 +65,5 @@ def test_perm_packed_f32_and_sdwa(arch):
     np.testing.assert_array_equal(words[:, 1].view(np.float32), f * np.float32(3))
     np.testing.assert_array_equal(words[:, 2].view(np.float32), (f + np.float32(0.5)) * np.float32(3))
     sdwa = (((a >> 16) & 0xFF) + (b & 0xFFFF)) & 0xFFFF
-    np.testing.assert_array_equal(out[256:], sdwa << 16)
+    np.testing.assert_array_equal(out[256:320], sdwa << 16)
+    np.testing.assert_array_equal(out[320:], (a >> 16) | (b << 16) & 0xFFFF0000)  # halves path

@@ -180,6 +180,8 @@ def _vector_value(op: Operand, dtype: np.dtype, where: str, high: bool):
         mask = (1 << (8 * size)) - 1
         return lambda w: utype((read(w) >> shift) & mask).view(dtype)
     i = op.index
+    if dtype == np.uint32:
+        return lambda w: w.r[i]
     if size == 4:
         return lambda w: w.r[i].view(dtype)
     if size == 2:
@@ -198,6 +200,13 @@ def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high:
     if op.file != "v" or op.neg or op.abs:
         raise UnsupportedInstruction(f"expected a vector destination, got {op.token!r} ({where})")
     dtype, i = np.dtype(dtype), op.index
+    if dtype == np.uint32:  # numpy's assignment casts integers with wrap-around
+        def write_u32(w, value):
+            if w.full:
+                w.r[i] = value
+            else:
+                np.copyto(w.r[i], value, where=w.mask, casting="unsafe")
+        return write_u32
     if dtype.itemsize == 4:
         def write32(w, value):
             bits = np.asarray(value, dtype).view(np.uint32)

@@ -63,18 +63,39 @@ def _bfe(value, offset, width, signed):
     return np.where(width == 0, U32(0), extended)
 
 
+def _lanes(x, dtype=U32):
+    x = np.asarray(x, dtype)
+    return x if x.ndim else np.full(LANES, x, dtype)
+
+
 def _perm(a, b, sel):
-    """v_perm_b32: each selector byte picks a byte of {a, b} (b low) or a constant."""
-    pool = (np.asarray(a, np.uint64) << np.uint64(32)) | np.asarray(b, np.uint64)
-    out = np.zeros(np.broadcast(a, b, sel).shape, np.uint32)
-    for i in range(4):
-        s = (np.asarray(sel, U32) >> U32(8 * i)) & U32(0xFF)
-        byte = ((pool >> (np.minimum(s, 7).astype(np.uint64) * np.uint64(8))) & np.uint64(0xFF))
-        byte = np.where(s >= 13, 0xFF, np.where(s == 12, 0, byte))
-        if np.any((s >= 8) & (s < 12)):
-            raise UnsupportedInstruction("v_perm_b32 sign-replicating selectors 8..11")
-        out |= byte.astype(U32) << U32(8 * i)
-    return out
+    """v_perm_b32: selector byte i picks from {src0, src1} (src1 = bytes 0-3), the
+    sign of byte 1/3/5/7 (8-11), 0x00 (12) or 0xFF (13 and up)."""
+    if np.ndim(sel) == 0:  # the usual case: one selector for the wave
+        halves = _PERM_HALVES.get(int(sel))
+        if halves is not None:  # whole 16-bit halves of the sources: two strided copies
+            pool = (_lanes(b).view(np.uint16), _lanes(a).view(np.uint16))
+            out = np.empty(2 * LANES, np.uint16)
+            for slot, (source, half) in enumerate(halves):
+                out[slot::2] = pool[source][half::2]
+            return out.view(U32)
+    pair = np.empty((LANES, 2), U32)
+    pair[:, 0], pair[:, 1] = b, a
+    pool = np.zeros((LANES, 16), np.uint8)
+    pool[:, :8] = pair.view(np.uint8)  # src1 bytes, then src0 bytes
+    pool[:, 8:12] = np.where(pool[:, 1:8:2] & 0x80, 0xFF, 0)
+    pool[:, 13:] = 0xFF
+    picks = np.minimum(_lanes(sel).view(np.uint8).reshape(LANES, 4), 15)
+    return np.ascontiguousarray(pool[LANE[:, None], picks]).view(U32)[:, 0]
+
+
+# Selectors that move whole 16-bit halves: selector -> ((source, half) for the low
+# and high result half); source 0 = src1, 1 = src0.
+_PERM_HALVES = {
+    (lo_pick | (lo_pick + 1) << 8 | hi_pick << 16 | (hi_pick + 1) << 24): ((lo_pick // 4, lo_pick % 4 // 2),
+                                                                           (hi_pick // 4, hi_pick % 4 // 2))
+    for lo_pick in (0, 2, 4, 6) for hi_pick in (0, 2, 4, 6)
+}
 
 
 def _ffbh(a):
@@ -596,7 +617,7 @@ def _decode_packed(ins, ctx, base):
         write_hi = vector_writer(_register(dst, 1), dtype, where)
 
         def pk_mov(w):
-            a, b = lo[0](w), hi[1](w)
+            a, b = np.array(lo[0](w)), np.array(hi[1](w))  # copies: the halves may overlap
             write_lo(w, a)
             write_hi(w, b)
         return pk_mov
@@ -710,13 +731,20 @@ def _fp8_convert(ins, ctx, base):
             return lambda w: write(w, nx.cvt_scalef32_f32_fp8(fmt, src[0](w), src[1](w), byte_sel))
         return lambda w: write(w, nx.cvt_f32_fp8(fmt, src[0](w), byte_sel))
     if base in (decode_pk, f"v_cvt_scalef32_pk_f32_{kind}"):
-        rows = ctx.vector_row(dst, 2, ins)
-        scaled = "scalef32" in base
+        ctx.vector_row(dst, 2, ins)
+        write_lo, write_hi = (vector_writer(_register(dst, i), np.dtype(F32), where) for i in (0, 1))
+        if "scalef32" in base:
+            def decode_scaled_pair(w):
+                value = nx.cvt_scalef32_pk_f32_fp8(fmt, src[0](w), src[1](w), word_sel)
+                write_lo(w, value[..., 0])
+                write_hi(w, value[..., 1])
+            return decode_scaled_pair
 
-        def decode_pair(w):
-            value = (nx.cvt_scalef32_pk_f32_fp8(fmt, src[0](w), src[1](w), word_sel) if scaled
-                     else nx.cvt_pk_f32_fp8(fmt, np.broadcast_to(src[0](w), (LANES,)), word_sel))
-            np.copyto(w.r[rows:rows + 2], np.ascontiguousarray(value.T).view(U32), where=w.mask)
+        def decode_pair(w):  # the two bytes of the selected word, by the format's table
+            codes = _lanes(src[0](w)).view(np.uint8)
+            low, high = nx.decode(fmt, codes[2 * word_sel::4]), nx.decode(fmt, codes[2 * word_sel + 1::4])
+            write_lo(w, low)  # the destination may be the source register
+            write_hi(w, high)
         return decode_pair
     if base == f"v_cvt_scalef32_pk_bf16_{kind}":
         write = vector_writer(dst, u32, where)
