@@ -72,10 +72,10 @@ class AttentionBack:
     def __call__(self, q, key_table, key_len, positions, swa_cache, swa_block, comp_cache,
                  comp_block, cos_sin, sink, wo_a, wo_a_scale, wo_b, wo_b_scale, out=None,
                  qk_scale=None):
-        tensors = dict(q=q, key_table=key_table, key_len=key_len, positions=positions,
-                       swa_cache=swa_cache, swa_block=swa_block, comp_cache=comp_cache,
-                       comp_block=comp_block, cos_sin=cos_sin, sink=sink, wo_a=wo_a,
-                       wo_a_scale=wo_a_scale, wo_b=wo_b, wo_b_scale=wo_b_scale)
+        tensors = {"q": q, "key_table": key_table, "key_len": key_len, "positions": positions,
+                   "swa_cache": swa_cache, "swa_block": swa_block, "comp_cache": comp_cache,
+                   "comp_block": comp_block, "cos_sin": cos_sin, "sink": sink, "wo_a": wo_a,
+                   "wo_a_scale": wo_a_scale, "wo_b": wo_b, "wo_b_scale": wo_b_scale}
         validate_launch(self.rank, self.ratio, {**tensors, "qk_scale": qk_scale},
                         max_tokens=self.max_tokens, out=out)
         device = q.device

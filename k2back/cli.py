@@ -105,7 +105,7 @@ def build(config: Config) -> tuple[Config, str, str]:
 
     try:
         _, kernel = ops.build(*astuple(config))
-    except Exception as e:  # a failed build is a row of the report, not the end of the run
+    except Exception as e:  # noqa: BLE001 -- a failed build is a row of the report, not the end
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return config, "failed", f"{type(e).__name__}: {first_line}"
     return config, "cached" if kernel.cache_hit else "built", kernel.name
@@ -190,9 +190,9 @@ def stats_report(stats) -> str:
     classes = sorted(stats.instructions.items(), key=lambda kv: -kv[1])
     buffers = sorted(set(stats.bytes_read) | set(stats.bytes_written), key=str)
     return "\n".join([
-        f"emulator: {stats.wave_instructions} wave-instructions, {stats.workgroups} workgroups, "
-        f"{stats.waves} waves; LDS {stats.lds_read} B read, {stats.lds_written} B written; "
-        f"{stats.barriers} barriers, {stats.total_polls} polls",
+        (f"emulator: {stats.wave_instructions} wave-instructions, {stats.workgroups} workgroups, "
+         f"{stats.waves} waves; LDS {stats.lds_read} B read, {stats.lds_written} B written; "
+         f"{stats.barriers} barriers, {stats.total_polls} polls"),
         table(classes, ("class", "wave-instructions")),
         table([(b, stats.bytes_read.get(b, 0), stats.bytes_written.get(b, 0)) for b in buffers],
               ("buffer", "bytes read", "bytes written")),

@@ -8,9 +8,9 @@ emulator still runs every kernel, and doctor says so rather than failing.
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 
@@ -98,6 +98,6 @@ def checks() -> list[Check]:
     for section in SECTIONS:
         try:
             rows += section()
-        except Exception as e:  # doctor reports every failure instead of stopping at the first
+        except Exception as e:  # noqa: BLE001 -- doctor reports every failure, not just the first
             rows.append(Check(section.__name__.strip("_"), FAIL, f"{type(e).__name__}: {e}"))
     return rows

@@ -10,7 +10,7 @@ the op.
 from __future__ import annotations
 
 import functools
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 import torch
 
@@ -79,16 +79,16 @@ def launch(tensors: Mapping[str, object], out: torch.Tensor, scratch: torch.Tens
 @torch.library.custom_op("k2back::attention_back", mutates_args=("out", "scratch"))
 def attention_back(
     q: torch.Tensor, key_table: torch.Tensor, key_len: torch.Tensor, positions: torch.Tensor,
-    swa_cache: torch.Tensor, swa_block: int, comp_cache: Optional[torch.Tensor],
+    swa_cache: torch.Tensor, swa_block: int, comp_cache: torch.Tensor | None,
     comp_block: int, cos_sin: torch.Tensor, sink: torch.Tensor,
     wo_a: torch.Tensor, wo_a_scale: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor,
     out: torch.Tensor, scratch: torch.Tensor,
-    geometry: str, tp: int, ratio: int, arch: str, qk_scale: Optional[float] = None,
+    geometry: str, tp: int, ratio: int, arch: str, qk_scale: float | None = None,
 ) -> None:
-    tensors = dict(q=q, key_table=key_table, key_len=key_len, positions=positions,
-                   swa_cache=swa_cache, swa_block=swa_block, comp_cache=comp_cache,
-                   comp_block=comp_block, cos_sin=cos_sin, sink=sink, wo_a=wo_a,
-                   wo_a_scale=wo_a_scale, wo_b=wo_b, wo_b_scale=wo_b_scale)
+    tensors = {"q": q, "key_table": key_table, "key_len": key_len, "positions": positions,
+               "swa_cache": swa_cache, "swa_block": swa_block, "comp_cache": comp_cache,
+               "comp_block": comp_block, "cos_sin": cos_sin, "sink": sink, "wo_a": wo_a,
+               "wo_a_scale": wo_a_scale, "wo_b": wo_b, "wo_b_scale": wo_b_scale}
     launch(tensors, out, scratch, geometry=geometry, tp=tp, ratio=ratio, arch=arch,
            qk_scale=qk_scale)
 

@@ -186,9 +186,9 @@ def test_out_given_and_qk_scale(cache_dir):
 def test_opcheck(cache_dir):
     inputs = make_inputs(GEOMETRY, TP, 1, RATIO, seed=6)
     spec, _ = ops.kernel_for(GEOMETRY, TP, 1, RATIO, ARCH)
-    kwargs = dict(out=torch.empty(1, 256, dtype=torch.bfloat16),
-                  scratch=torch.zeros(spec.scratch_bytes, dtype=torch.uint8),
-                  geometry=GEOMETRY, tp=TP, ratio=RATIO, arch=ARCH)
+    kwargs = {"out": torch.empty(1, 256, dtype=torch.bfloat16),
+                  "scratch": torch.zeros(spec.scratch_bytes, dtype=torch.uint8),
+                  "geometry": GEOMETRY, "tp": TP, "ratio": RATIO, "arch": ARCH}
     # opcheck's own comparisons have no fp8 kernels on the CPU: the weights go
     # in as their bytes (all the kernel reads)
     fp8_as_bytes = {k: v.view(torch.uint8) for k, v in inputs.items()

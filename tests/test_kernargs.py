@@ -172,7 +172,8 @@ def test_launch_arguments_reach_the_kernel_in_the_emulator(cache_dir, arch):
     leads to its tensor's data, every scalar arrives as given."""
     from test_hip_backend import small_tensors
 
-    from k2back.codegen.compiler import IRSource, compile as compile_source
+    from k2back.codegen.compiler import IRSource
+    from k2back.codegen.compiler import compile as compile_source
     from k2back.runtime.emu import EmuBackend
 
     kernel = compile_source(IRSource(echo_ir(), "k2_echo", arch))

@@ -4,7 +4,7 @@ same scratch layout, same grid — run instruction by instruction in
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

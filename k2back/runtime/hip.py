@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 import struct
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from k2back.codegen.signature import KernelArg
 

@@ -8,7 +8,7 @@ call differs. The tensors are the vLLM-format launch arguments (the names of
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 
