@@ -14,6 +14,7 @@ from k2back import ops
 from k2back.api import AttentionBack
 from k2back.model import geometry
 from k2back.reference import attention_back
+from k2back.runtime import hip
 from k2back.runtime.hip import BackendUnavailable, runtime_status
 from k2back.testing import compare, make_inputs
 
@@ -148,6 +149,19 @@ def test_hip_backend_without_rocm():
         return
     with pytest.raises(BackendUnavailable, match="backend='emu'"):
         layer(backend="hip")
+
+
+def test_no_build_while_capturing(monkeypatch):
+    """A token count never built in this process, met during graph capture: a
+    clear error, nothing built, nothing written."""
+    monkeypatch.setattr(hip, "capturing", lambda: True)
+    inputs = make_inputs(GEOMETRY, 2, 5, RATIO, seed=2)
+    out = torch.full((5, geometry(GEOMETRY).hidden), SENTINEL, dtype=torch.bfloat16)
+    lay = AttentionBack(GEOMETRY, tp=2, ratio=RATIO, arch=ARCH, backend="emu")
+    with pytest.raises(hip.CaptureError, match="capturing"):
+        lay(**inputs, out=out)
+    assert torch.all(out == SENTINEL)
+    assert not any(key[:3] == (GEOMETRY, 2, 5) for key in ops._KERNELS)
 
 
 def test_exported_from_the_package():
