@@ -67,6 +67,7 @@ CASES = [
     # (arch, tp, tokens, ratio, overrides)
     *[(arch, tp, 3, 2, {}) for arch in ("gfx942", "gfx950") for tp in (1, 2, 4, 8)],
     ("gfx942", 4, 1, 0, {}),
+    ("gfx942", 1, 16, 2, {}),  # 64-key chunks, 64 heads: gfx942's largest LDS
     ("gfx950", 8, 16, 0, {}),
     ("gfx950", 2, 16, 2, {}),
 ]
@@ -79,10 +80,10 @@ EDGES = [
 ]
 
 
-def _inputs(tp, tokens, ratio, seed, overrides):
+def _inputs(geometry, tp, tokens, ratio, seed, overrides):
     extra = dict(overrides)
     minus_one = extra.pop("minus_one", False)
-    inputs = make_inputs("tiny", tp, tokens, ratio, seed, **extra)
+    inputs = make_inputs(geometry, tp, tokens, ratio, seed, **extra)
     if minus_one:  # holes in the table, inside key_len
         table = inputs["key_table"].clone()
         table[:, 1::5] = -1
@@ -90,10 +91,10 @@ def _inputs(tp, tokens, ratio, seed, overrides):
     return inputs
 
 
-def check_split(arch, tp, tokens, ratio, overrides, seed=1):
-    spec = plan("tiny", tp, tokens, ratio, arch)
+def check_split(arch, tp, tokens, ratio, overrides, seed=1, geometry="tiny"):
+    spec = plan(geometry, tp, tokens, ratio, arch)
     a = spec.attention
-    inputs = _inputs(tp, tokens, ratio, seed, overrides)
+    inputs = _inputs(geometry, tp, tokens, ratio, seed, overrides)
     want = reference(spec, inputs)
     scratch = torch.full((spec.scratch_bytes,), SENTINEL, dtype=torch.uint8)
     kernel, stats = run_stage("split", spec, inputs, scratch, a.split_tasks)
@@ -113,10 +114,10 @@ def check_split(arch, tp, tokens, ratio, overrides, seed=1):
     return kernel, stats
 
 
-def check_combine(arch, tp, tokens, ratio, overrides, seed=2):
-    spec = plan("tiny", tp, tokens, ratio, arch)
+def check_combine(arch, tp, tokens, ratio, overrides, seed=2, geometry="tiny"):
+    spec = plan(geometry, tp, tokens, ratio, arch)
     a = spec.attention
-    inputs = _inputs(tp, tokens, ratio, seed, overrides)
+    inputs = _inputs(geometry, tp, tokens, ratio, seed, overrides)
     want = reference(spec, inputs)
     # the split's hand-off, live chunks from the reference; garbage elsewhere
     # (combine must not read past a token's live chunks)
@@ -143,6 +144,14 @@ def test_split_matches_reference(arch, tp, tokens, ratio, overrides):
 @pytest.mark.parametrize("arch,tp,tokens,ratio,overrides", CASES)
 def test_combine_matches_reference(arch, tp, tokens, ratio, overrides):
     check_combine(arch, tp, tokens, ratio, overrides)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
+def test_v41_flash_stages(arch):
+    """The real key table (640 keys: 10 chunks of 64) and head count of TP 4."""
+    check_split(arch, 4, 1, 2, {}, geometry="v4.1-flash")
+    check_combine(arch, 4, 1, 2, {}, geometry="v4.1-flash")
 
 
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))

@@ -77,6 +77,7 @@ ARCH_TARGETS: dict[str, ArchTarget] = {
 # Chunk sizes the split stage supports: one to eight waves of 16 keys.
 CHUNK_KEYS = (16, 32, 64, 128)
 MAX_CHUNKS = WAVE  # combine reads a token's chunk stats a lane a chunk
+MIN_SPLIT_TASKS = 8
 RATIOS = (0, 1, 2)
 MAX_TOKENS = 64
 
@@ -170,15 +171,19 @@ def _scratch(tokens: int, nchunk: int, heads: int) -> dict[str, int]:
 
 
 def default_chunk_keys(keys: int, tokens: int, target: ArchTarget) -> int:
-    """The smallest chunk whose split tasks fill at most half the grid (the
-    other half streams GEMV weights meanwhile): small chunks cut the split's
-    latency for few tokens; more tokens bring their own parallelism. Never
-    below 32 keys (each chunk rereads q and writes an H·1 KiB partial)."""
+    """The largest chunk that still leaves MIN_SPLIT_TASKS split tasks.
+
+    A chunk's waves score their 16 keys each in parallel, so a bigger chunk
+    costs a task little latency, while every chunk rereads the token's q and
+    writes (and combine reads) an H·1 KiB partial: global bytes beyond SPEC
+    §6's minimum, S·nchunk·H·2 KiB in all. More tasks than a few buy no
+    latency; fewer leave one CTA to do a whole token. Chunks of at least 32
+    keys; the raw records must fit LDS (max_chunk_keys)."""
     fitting = [ck for ck in CHUNK_KEYS if 32 <= ck <= target.max_chunk_keys]
-    for ck in fitting:
-        if tokens * math.ceil(keys / ck) <= target.cus // 2 and math.ceil(keys / ck) <= MAX_CHUNKS:
+    for ck in reversed(fitting):
+        if tokens * math.ceil(keys / ck) >= MIN_SPLIT_TASKS:
             return ck
-    return fitting[-1]
+    return fitting[0]
 
 
 def plan_attention(
