@@ -202,7 +202,9 @@ class Machine:
         stats.rounds = round_number
 
     def _run_quantum(self, w, code, hits, kernel):
-        budget = self.quantum
+        """Run `w` for up to one quantum; returns (instructions run, why it stopped)."""
+        budget, trace = self.quantum, self.trace
+        pc = w.pc
         try:
             while budget:
                 pc = w.pc
@@ -210,8 +212,8 @@ class Machine:
                 hits[pc] += 1
                 budget -= 1
                 signal = code[pc](w)
-                if self.trace is not None:
-                    self.trace(w, kernel.instructions[pc] if pc < len(kernel.instructions) else None)
+                if trace is not None:
+                    trace(w, kernel.instructions[pc] if pc < len(kernel.instructions) else None)
                 if signal:
                     return self.quantum - budget, signal
         except EmulatorError as error:

@@ -73,12 +73,8 @@ def _perm(a, b, sel):
     sign of byte 1/3/5/7 (8-11), 0x00 (12) or 0xFF (13 and up)."""
     if np.ndim(sel) == 0:  # the usual case: one selector for the wave
         halves = _PERM_HALVES.get(int(sel))
-        if halves is not None:  # whole 16-bit halves of the sources: two strided copies
-            pool = (_lanes(b).view(np.uint16), _lanes(a).view(np.uint16))
-            out = np.empty(2 * LANES, np.uint16)
-            for slot, (source, half) in enumerate(halves):
-                out[slot::2] = pool[source][half::2]
-            return out.view(U32)
+        if halves is not None:
+            return halves(a, b)
     pair = np.empty((LANES, 2), U32)
     pair[:, 0], pair[:, 1] = b, a
     pool = np.zeros((LANES, 16), np.uint8)
@@ -89,13 +85,20 @@ def _perm(a, b, sel):
     return np.ascontiguousarray(pool[LANE[:, None], picks]).view(U32)[:, 0]
 
 
-# Selectors that move whole 16-bit halves: selector -> ((source, half) for the low
-# and high result half); source 0 = src1, 1 = src0.
-_PERM_HALVES = {
-    (lo_pick | (lo_pick + 1) << 8 | hi_pick << 16 | (hi_pick + 1) << 24): ((lo_pick // 4, lo_pick % 4 // 2),
-                                                                           (hi_pick // 4, hi_pick % 4 // 2))
-    for lo_pick in (0, 2, 4, 6) for hi_pick in (0, 2, 4, 6)
-}
+def _perm_halves(low: int, high: int):
+    """v_perm_b32 for selectors moving whole 16-bit halves (byte picks `low`,
+    low+1 and `high`, high+1 even): shifts and masks instead of a byte gather."""
+    def half(pick, to_high):
+        source = (lambda a, b: a) if pick >= 4 else (lambda a, b: b)
+        if pick % 4 == 2:
+            return (lambda a, b: source(a, b) & U32(0xFFFF0000)) if to_high else (lambda a, b: source(a, b) >> U32(16))
+        return (lambda a, b: source(a, b) << U32(16)) if to_high else (lambda a, b: source(a, b) & U32(0xFFFF))
+    lo, hi = half(low, False), half(high, True)
+    return lambda a, b: lo(a, b) | hi(a, b)
+
+
+_PERM_HALVES = {low | (low + 1) << 8 | high << 16 | (high + 1) << 24: _perm_halves(low, high)
+                for low in (0, 2, 4, 6) for high in (0, 2, 4, 6)}
 
 
 def _ffbh(a):
