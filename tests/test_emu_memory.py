@@ -199,3 +199,60 @@ def test_unimplemented_instruction_is_named_with_its_line(arch):
     with pytest.raises(UnsupportedInstruction, match=rf"v_frobnicate_b32 not implemented .*line {number + 1}:"):
         machine.launch(edited, "load_at", kernargs=kernargs)
     assert not out.any()  # nothing after the bad instruction ran
+
+
+BUFFER_ATOMICS = module("""
+define amdgpu_kernel void @buffer_atomics(ptr addrspace(1) %counts, ptr addrspace(1) %old,
+                                          ptr addrspace(1) %table, ptr addrspace(1) %out, i64 %records) #0 {
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %rsrc = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1(ptr addrspace(1) %counts, i16 0, i64 %records, i32 131072)
+  %slot = and i32 %tid, 15
+  %off = shl i32 %slot, 2
+  %prev = call i32 @llvm.amdgcn.raw.ptr.buffer.atomic.add.i32(i32 %tid, ptr addrspace(8) %rsrc, i32 %off, i32 0, i32 0)
+  %po = getelementptr i32, ptr addrspace(1) %old, i32 %tid
+  store i32 %prev, ptr addrspace(1) %po
+  %ti = ptrtoint ptr addrspace(1) %table to i64
+  %tlo = trunc i64 %ti to i32
+  %thi64 = lshr i64 %ti, 32
+  %thi = trunc i64 %thi64 to i32
+  %thi16 = and i32 %thi, 65535
+  %tv0 = insertelement <4 x i32> poison, i32 %tlo, i32 0
+  %tv1 = insertelement <4 x i32> %tv0, i32 %thi16, i32 1
+  %tv2 = insertelement <4 x i32> %tv1, i32 24, i32 2
+  %tv = insertelement <4 x i32> %tv2, i32 131072, i32 3
+  %t = call <4 x i32> @llvm.amdgcn.s.buffer.load.v4i32(<4 x i32> %tv, i32 16, i32 0)
+  %t0 = extractelement <4 x i32> %t, i32 0
+  %t3 = extractelement <4 x i32> %t, i32 3
+  %sum = add i32 %t0, %t3
+  %first = icmp eq i32 %tid, 0
+  br i1 %first, label %write, label %done
+write:
+  store i32 %sum, ptr addrspace(1) %out
+  %t1 = extractelement <4 x i32> %t, i32 1
+  %o1 = getelementptr i32, ptr addrspace(1) %out, i32 1
+  store i32 %t1, ptr addrspace(1) %o1
+  br label %done
+done:
+  ret void
+}
+declare i32 @llvm.amdgcn.raw.ptr.buffer.atomic.add.i32(i32, ptr addrspace(8), i32, i32, i32)
+declare <4 x i32> @llvm.amdgcn.s.buffer.load.v4i32(<4 x i32>, i32, i32)
+""" + DECLS)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_buffer_atomics_and_scalar_buffer_loads_respect_num_records(arch):
+    counts = np.zeros(16, np.int32)
+    old = np.full(64, -1, np.int32)
+    table = np.arange(100, 108, dtype=np.int32)  # 32 B, the resource covers 24
+    out = np.zeros(2, np.int32)
+    run(BUFFER_ATOMICS, arch, "buffer_atomics",
+        {"counts": counts, "old": old, "table": table, "out": out, "records": 40}, block=(64,))
+    lane = np.arange(64)
+    in_range = lane % 16 < 10  # slots 10..15 lie past 40 bytes: dropped, return 0
+    want = np.array([lane[lane % 16 == s].sum() if s < 10 else 0 for s in range(16)])
+    np.testing.assert_array_equal(counts, want)
+    running = np.array([lane[(lane % 16 == lane[i] % 16) & (lane < lane[i])].sum() for i in range(64)])
+    np.testing.assert_array_equal(old, np.where(in_range, running, 0))
+    # s_buffer_load of the dwords at bytes 16..31 through a 24-byte resource: 104, 105, 0, 0
+    np.testing.assert_array_equal(out, [104 + 0, 105])
