@@ -118,10 +118,16 @@ FLT_MIN = 2.0**-126  # the amax floor of both writer rules (vLLM: FLT_MIN)
 _E4M3FN_MAX_FRAC, _E4M3FN_MAX_EXP = 0.875, 9
 
 
+def _pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """2^exponent in fp32, exactly (integer exponents)."""
+    return torch.ldexp(torch.ones_like(exponent, dtype=torch.float32), exponent.to(torch.int32))
+
+
 def ue8m0_scale(code: torch.Tensor) -> torch.Tensor:
-    """Code c -> 2^(c − 127) in fp32 (code 0 is the fp32 subnormal 2^-127)."""
+    """Code c -> 2^(c − 127) in fp32 (code 0 is the fp32 subnormal 2^-127;
+    255 is E8M0's NaN)."""
     c = code.to(torch.int32)
-    s = torch.ldexp(torch.ones_like(c, dtype=torch.float32), c - UE8M0_BIAS)
+    s = _pow2(c - UE8M0_BIAS)
     return torch.where(c > UE8M0_MAX_CODE, torch.full_like(s, float("nan")), s)
 
 
@@ -142,6 +148,13 @@ def ue8m0_code(amax: torch.Tensor) -> torch.Tensor:
     return c.clamp(0, UE8M0_MAX_CODE).to(torch.uint8)
 
 
+def _quantize_blocks(xb: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MXFP8 rule over blocks spanning `dims` of xb (fp32): codes keep
+    those dims as size 1, so they broadcast back over their block."""
+    code = ue8m0_code(_nan_to_zero(xb.abs()).amax(dim=dims, keepdim=True))
+    return e4m3fn_encode(xb * _pow2(UE8M0_BIAS - code.to(torch.int32))), code
+
+
 def mx_quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """vLLM's MXFP8 rule over `block` consecutive values of the last dim:
     c = ue8m0_code(amax), x_q = e4m3fn_RNE(clamp(x · 2^(127 − c), −448, 448)).
@@ -153,18 +166,14 @@ def mx_quantize(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor
     n = x.shape[-1]
     if n % block:
         raise ValueError(f"mx_quantize: last dim {n} is not a multiple of {block}")
-    xb = x.float().reshape(*x.shape[:-1], n // block, block)
-    code = ue8m0_code(_nan_to_zero(xb.abs()).amax(dim=-1))
-    scaled = torch.ldexp(xb, UE8M0_BIAS - code.to(torch.int32)[..., None])
-    return e4m3fn_encode(scaled).reshape(x.shape), code
+    b, code = _quantize_blocks(x.float().reshape(*x.shape[:-1], n // block, block), (-1,))
+    return b.reshape(x.shape), code[..., 0]
 
 
 def mx_dequantize(b: torch.Tensor, code: torch.Tensor, block: int) -> torch.Tensor:
     """Inverse of mx_quantize: e4m3fn(byte) · 2^(code − 127), fp32."""
     v = e4m3fn_decode(b)
-    n = v.shape[-1]
-    scale = ue8m0_scale(code).repeat_interleave(block, dim=-1)
-    return v * scale.reshape(*v.shape[:-1], n)
+    return (v.reshape(*code.shape, block) * ue8m0_scale(code)[..., None]).reshape(v.shape)
 
 
 def mxfp8_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,26 +185,26 @@ def mxfp8_dequantize(b: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
     return mx_dequantize(b, code, MX_BLOCK)
 
 
+def _weight_tiles(w: torch.Tensor) -> torch.Tensor:
+    """[rows, cols] viewed as [rows/32, 32, cols/32, 32] (32×32 blocks)."""
+    r, c = w.shape
+    if r % MX_BLOCK or c % MX_BLOCK:
+        raise ValueError(f"MXFP8 weight: shape {tuple(w.shape)} is not a multiple of "
+                         f"{MX_BLOCK}x{MX_BLOCK}")
+    return w.reshape(r // MX_BLOCK, MX_BLOCK, c // MX_BLOCK, MX_BLOCK)
+
+
 def mxfp8_quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """MXFP8 of a [rows, cols] weight: one code per 32×32 block (vLLM's weight
     format). -> (float8_e4m3fn [rows, cols], uint8 [rows/32, cols/32])."""
-    r, c = w.shape
-    if r % MX_BLOCK or c % MX_BLOCK:
-        raise ValueError(f"mxfp8_quantize_weight: shape {tuple(w.shape)} is not "
-                         f"a multiple of {MX_BLOCK}x{MX_BLOCK}")
-    tiles = w.float().reshape(r // MX_BLOCK, MX_BLOCK, c // MX_BLOCK, MX_BLOCK)
-    tiles = tiles.permute(0, 2, 1, 3).reshape(r // MX_BLOCK, c // MX_BLOCK, -1)
-    b, code = mx_quantize(tiles, MX_BLOCK * MX_BLOCK)
-    b = b.reshape(r // MX_BLOCK, c // MX_BLOCK, MX_BLOCK, MX_BLOCK)
-    b = b.permute(0, 2, 1, 3).reshape(r, c)
-    return b.view(torch.float8_e4m3fn), code[..., 0]
+    b, code = _quantize_blocks(_weight_tiles(w.float()), (1, 3))
+    return b.reshape(w.shape).view(torch.float8_e4m3fn), code[:, 0, :, 0]
 
 
 def mxfp8_dequantize_weight(w: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
     """A [rows, cols] MXFP8 weight (32×32 blocks) -> fp32."""
-    scale = ue8m0_scale(code)
-    scale = scale.repeat_interleave(MX_BLOCK, 0).repeat_interleave(MX_BLOCK, 1)
-    return e4m3fn_decode(w) * scale[: w.shape[0], : w.shape[1]]
+    tiles = _weight_tiles(e4m3fn_decode(w))
+    return (tiles * ue8m0_scale(code)[:, None, :, None]).reshape(w.shape)
 
 
 # ---------------------------------------------------------------------------

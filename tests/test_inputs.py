@@ -188,3 +188,13 @@ def test_compare_shapes_and_names(result):
         compare("out", result["out"][:-1], result["out"])
     with pytest.raises(KeyError, match="no tolerance"):
         compare("scores", result["scores"], result["scores"])
+
+
+def test_compare_catches_truncation_to_bf16(result):
+    """gfx942 has no bf16 convert: a kernel rounding by truncation must fail."""
+    y = result["y"] * (1 + 2.0**-12)  # fp32 values that are not already bf16
+    nearest = y.to(torch.bfloat16)
+    truncated = (y.view(torch.int32) & ~0xFFFF).view(torch.float32)
+    compare("y", nearest.float() * (1 + 2.0**-20), nearest)
+    with pytest.raises(AssertionError, match="bias"):
+        compare("y", truncated, nearest)
