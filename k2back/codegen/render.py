@@ -56,6 +56,7 @@ class KernelSource:
         full = self.stages == STAGES
         self.name = spec.name if full else f"{spec.name}__{'_'.join(self.stages)}"
         self.arch = spec.arch
+        self.spec_json = spec.to_json()
 
     def key(self) -> str:
         h = hashlib.sha256(f"{self.spec.to_json()}\0{self.stages}\0".encode())
