@@ -13,6 +13,7 @@ saturation, block scales and the gfx942 correspondence.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -132,7 +133,7 @@ def ue8m0_scale(code: torch.Tensor) -> torch.Tensor:
 
 
 def _nan_to_zero(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isnan(x), torch.zeros_like(x), x)
+    return torch.nan_to_num(x, nan=0.0, posinf=math.inf, neginf=-math.inf)
 
 
 def ue8m0_code(amax: torch.Tensor) -> torch.Tensor:
@@ -151,7 +152,7 @@ def ue8m0_code(amax: torch.Tensor) -> torch.Tensor:
 def _quantize_blocks(xb: torch.Tensor, dims: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """The MXFP8 rule over blocks spanning `dims` of xb (fp32): codes keep
     those dims as size 1, so they broadcast back over their block."""
-    code = ue8m0_code(_nan_to_zero(xb.abs()).amax(dim=dims, keepdim=True))
+    code = ue8m0_code(xb.abs().nan_to_num_(nan=0.0, posinf=math.inf).amax(dim=dims, keepdim=True))
     return e4m3fn_encode(xb * _pow2(UE8M0_BIAS - code.to(torch.int32))), code
 
 
