@@ -28,12 +28,6 @@ def _environment() -> jinja2.Environment:
     )
 
 
-def available_stages() -> tuple[str, ...]:
-    # TODO(attention templates): while split.ll.j2 / combine.ll.j2 are being
-    # written, the default kernel holds the stages whose templates exist.
-    return tuple(s for s in STAGES if s not in ATTENTION_STAGES or (TEMPLATES / f"{s}.ll.j2").exists())
-
-
 def _template_digest() -> str:
     h = hashlib.sha256()
     for path in sorted(TEMPLATES.glob("*.j2")):
@@ -47,7 +41,7 @@ class KernelSource:
     have set (a test sets them)."""
 
     def __init__(self, spec: KernelSpec, stages=None):
-        stages = available_stages() if stages is None else tuple(stages)
+        stages = STAGES if stages is None else tuple(stages)
         unknown = [s for s in stages if s not in STAGES]
         if unknown or not stages:
             raise ValueError(f"stages: expected a non-empty subset of {STAGES}, got {stages!r}")
