@@ -182,6 +182,10 @@ def _vector_value(op: Operand, dtype: np.dtype, where: str, high: bool):
     i = op.index
     if dtype == np.uint32:
         return lambda w: w.r[i]
+    if dtype == np.float32:
+        return lambda w: w.f[i]
+    if dtype == np.int32:
+        return lambda w: w.i[i]
     if size == 4:
         return lambda w: w.r[i].view(dtype)
     if size == 2:
@@ -192,6 +196,9 @@ def _vector_value(op: Operand, dtype: np.dtype, where: str, high: bool):
     raise UnsupportedInstruction(f"operand type {dtype} ({where})")
 
 
+_REGISTER_VIEWS = {np.dtype(np.uint32): "r", np.dtype(np.float32): "f", np.dtype(np.int32): "i"}
+
+
 def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high: bool = True):
     """fn(wave, lanes) storing `dtype` lanes into active lanes of a VGPR/AGPR (or a mask)."""
     if dtype == MASK:
@@ -200,13 +207,15 @@ def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high:
     if op.file != "v" or op.neg or op.abs:
         raise UnsupportedInstruction(f"expected a vector destination, got {op.token!r} ({where})")
     dtype, i = np.dtype(dtype), op.index
-    if dtype == np.uint32:  # numpy's assignment casts integers with wrap-around
-        def write_u32(w, value):
+    if dtype in _REGISTER_VIEWS:  # numpy's assignment casts (integers wrap around)
+        view = _REGISTER_VIEWS[dtype]
+
+        def write_typed(w, value):
             if w.full:
-                w.r[i] = value
+                getattr(w, view)[i] = value
             else:
-                np.copyto(w.r[i], value, where=w.mask, casting="unsafe")
-        return write_u32
+                np.copyto(getattr(w, view)[i], value, where=w.mask, casting="unsafe")
+        return write_typed
     if dtype.itemsize == 4:
         def write32(w, value):
             bits = np.asarray(value, dtype).view(np.uint32)

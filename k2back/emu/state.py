@@ -31,13 +31,15 @@ class Wave:
     """
 
     __slots__ = (
-        "s", "r", "scc", "exec", "mask", "full", "pc", "group", "index", "done",
+        "s", "r", "f", "i", "scc", "exec", "mask", "full", "pc", "group", "index", "done",
         "waiting", "polls", "sleep_rounds",
     )
 
     def __init__(self, group, index: int, vector_registers: int):
         self.s = [0] * SGPR_SLOTS
         self.r = np.zeros((vector_registers, LANES), dtype=np.uint32)
+        self.f = self.r.view(np.float32)  # the same registers seen as f32 / i32 lanes
+        self.i = self.r.view(np.int32)
         self.scc = 0
         self.pc = 0
         self.group = group
