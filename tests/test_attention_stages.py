@@ -91,20 +91,33 @@ def _inputs(geometry, tp, tokens, ratio, seed, overrides):
     return inputs
 
 
-def check_split(arch, tp, tokens, ratio, overrides, seed=1, geometry="tiny"):
+def prepare(arch, tp, tokens, ratio, overrides, seed, geometry):
+    """(spec, inputs, the reference's intermediates, scratch full of
+    SENTINEL, live chunks [S, nchunk])."""
     spec = plan(geometry, tp, tokens, ratio, arch)
-    a = spec.attention
     inputs = _inputs(geometry, tp, tokens, ratio, seed, overrides)
-    want = reference(spec, inputs)
     scratch = torch.full((spec.scratch_bytes,), SENTINEL, dtype=torch.uint8)
-    kernel, stats = run_stage("split", spec, inputs, scratch, a.split_tasks)
-    stats_got = scratch_view(spec, scratch, "stats", torch.float32, (tokens, a.nchunk, a.heads, 2))
-    part_got = scratch_view(spec, scratch, "partials", torch.bfloat16,
-                            (tokens, a.nchunk, a.heads, HEAD_DIM))
-    live = live_chunks(spec, inputs["key_len"])
+    return spec, inputs, reference(spec, inputs), scratch, live_chunks(spec, inputs["key_len"])
+
+
+def split_regions(spec, scratch):
+    """The split's hand-off in scratch: stats f32 [S, nchunk, H, 2] (max, sum)
+    and partials bf16 [S, nchunk, H, 512]."""
+    a = spec.attention
+    return (scratch_view(spec, scratch, "stats", torch.float32,
+                         (spec.tokens, a.nchunk, a.heads, 2)),
+            scratch_view(spec, scratch, "partials", torch.bfloat16,
+                         (spec.tokens, a.nchunk, a.heads, HEAD_DIM)))
+
+
+def check_split(arch, tp, tokens, ratio, overrides, seed=1, geometry="tiny"):
+    spec, inputs, want, scratch, live = prepare(arch, tp, tokens, ratio, overrides, seed,
+                                                geometry)
+    kernel, stats = run_stage("split", spec, inputs, scratch, spec.attention.split_tasks)
+    stats_got, part_got = split_regions(spec, scratch)
     # chunks past key_len: never written (combine does not read them)
-    dead_bytes = scratch_view(spec, scratch, "stats", torch.uint8, (tokens, a.nchunk, -1))[~live]
-    assert (dead_bytes == SENTINEL).all()
+    dead = stats_got.view(torch.uint8).flatten(2)[~live]
+    assert (dead == SENTINEL).all()
     m = torch.where(live[..., None], stats_got[..., 0], -math.inf)
     l_sum = torch.where(live[..., None], stats_got[..., 1], 0.0)
     part = torch.where(live[..., None, None], part_got, torch.zeros((), dtype=torch.bfloat16))
@@ -115,23 +128,17 @@ def check_split(arch, tp, tokens, ratio, overrides, seed=1, geometry="tiny"):
 
 
 def check_combine(arch, tp, tokens, ratio, overrides, seed=2, geometry="tiny"):
-    spec = plan(geometry, tp, tokens, ratio, arch)
-    a = spec.attention
-    inputs = _inputs(geometry, tp, tokens, ratio, seed, overrides)
-    want = reference(spec, inputs)
-    # the split's hand-off, live chunks from the reference; garbage elsewhere
-    # (combine must not read past a token's live chunks)
-    scratch = torch.full((spec.scratch_bytes,), SENTINEL, dtype=torch.uint8)
-    live = live_chunks(spec, inputs["key_len"])
-    stats = scratch_view(spec, scratch, "stats", torch.float32, (tokens, a.nchunk, a.heads, 2))
-    part = scratch_view(spec, scratch, "partials", torch.bfloat16,
-                        (tokens, a.nchunk, a.heads, HEAD_DIM))
+    spec, inputs, want, scratch, live = prepare(arch, tp, tokens, ratio, overrides, seed,
+                                                geometry)
+    # the split's hand-off: live chunks from the reference, SENTINEL garbage
+    # elsewhere (combine must not read past a token's live chunks)
+    stats, part = split_regions(spec, scratch)
     stats[live] = torch.stack([want["chunk_max"], want["chunk_sum"]], -1)[live]
     part[live] = want["chunk_partial"][live]
-    kernel, run = run_stage("combine", spec, inputs, scratch, a.combine_tasks)
-    xo = scratch_view(spec, scratch, "xo", torch.uint8, (tokens, a.heads * HEAD_DIM))
-    codes = scratch_view(spec, scratch, "xo_codes", torch.uint8,
-                         (tokens, a.heads * HEAD_DIM // MX_BLOCK))
+    kernel, run = run_stage("combine", spec, inputs, scratch, spec.attention.combine_tasks)
+    width = spec.attention.heads * HEAD_DIM
+    xo = scratch_view(spec, scratch, "xo", torch.uint8, (tokens, width))
+    codes = scratch_view(spec, scratch, "xo_codes", torch.uint8, (tokens, width // MX_BLOCK))
     compare("xo", (xo.clone(), codes.clone()), (want["xo"], want["xo_codes"]))
     return kernel, run
 
@@ -176,13 +183,12 @@ def test_negative_zero_key_bytes(arch):
         assert (nope == 0).any()
         nope[nope == 0] = 0x80
         inputs[f"{cache}_cache"] = pages
-    a = spec.attention
     want = reference(spec, inputs)
     scratch = torch.zeros(spec.scratch_bytes, dtype=torch.uint8)
-    run_stage("split", spec, inputs, scratch, a.split_tasks)
+    run_stage("split", spec, inputs, scratch, spec.attention.split_tasks)
     live = live_chunks(spec, inputs["key_len"])
-    got = scratch_view(spec, scratch, "stats", torch.float32, (3, a.nchunk, a.heads, 2))
-    compare("chunk_max", torch.where(live[..., None], got[..., 0], -math.inf), want["chunk_max"])
+    got = split_regions(spec, scratch)[0][..., 0]
+    compare("chunk_max", torch.where(live[..., None], got, -math.inf), want["chunk_max"])
 
 
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
