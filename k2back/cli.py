@@ -306,9 +306,10 @@ def configure_logging(verbosity: int) -> None:
     base = knobs.log_level()
     index = LOG_LEVELS.index(base) if base in LOG_LEVELS else 1
     level = LOG_LEVELS[min(index + verbosity, len(LOG_LEVELS) - 1)]
-    handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-    log.addHandler(handler)
+    if not log.handlers:  # once a process, however often main() runs
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
     log.setLevel(level)
 
 
