@@ -3,9 +3,9 @@
 Decoding resolves every operand once: a register number, an inline constant or
 a literal becomes a small closure, so execution does no string work.
 
-Types are numpy dtypes plus two lane-mask kinds: `MASK` (a 64-bit SGPR pair
-read or written as one bit per lane, e.g. vcc) and the 16-bit types, which
-live in the low half of a 32-bit register unless op_sel picks the high one.
+Types are numpy dtypes plus `MASK`, a 64-bit SGPR pair read or written as one
+bit per lane (vcc, carries, compares). 16-bit types live in the low half of a
+32-bit register unless op_sel picks the high one; 64-bit types in register pairs.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ def _constant_bits(op: Operand, bits: int, dtype: np.dtype) -> int:
 
 def vector_reader(op: Operand, dtype, where: str, high: bool = False):
     """fn(wave) -> lanes (array [64] or scalar) of `dtype`; `high` = op_sel upper half."""
-    if dtype == MASK:
+    if dtype is MASK:
         read = scalar_reader(op, 64, where)
         return lambda w: int_to_mask(read(w))
     read = _vector_value(op, np.dtype(dtype), where, high)
@@ -201,7 +201,7 @@ _REGISTER_VIEWS = {np.dtype(np.uint32): "r", np.dtype(np.float32): "f", np.dtype
 
 def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high: bool = True):
     """fn(wave, lanes) storing `dtype` lanes into active lanes of a VGPR/AGPR (or a mask)."""
-    if dtype == MASK:
+    if dtype is MASK:
         write = scalar_writer(op, 64, where)
         return lambda w, m: write(w, mask_to_int(np.broadcast_to(m, (64,))) & w.exec)
     if op.file != "v" or op.neg or op.abs:
@@ -238,12 +238,3 @@ def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high:
             np.copyto(w.r[i], (w.r[i] & keep) | bits, where=w.mask)
         return write16
     raise UnsupportedInstruction(f"destination type {dtype} ({where})")
-
-
-def register_rows(op: Operand, count: int, where: str) -> int:
-    """First row of a VGPR/AGPR tuple of `count` registers (memory data, MFMA operands)."""
-    if op.file != "v" or op.count != count or op.neg or op.abs:
-        raise UnsupportedInstruction(
-            f"expected {count} vector register(s), got {op.token!r} ({where})"
-        )
-    return op.index

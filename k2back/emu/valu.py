@@ -482,14 +482,14 @@ def decode_valu(ins, ctx):
 
 def _typed_reader(op, type_name, where, high):
     dtype = TYPES[type_name]
-    if high and (dtype == MASK or dtype.itemsize != 2):
+    if high and (dtype is MASK or dtype.itemsize != 2):
         raise UnsupportedInstruction(f"op_sel on a {type_name} operand ({where})")
     return vector_reader(op, dtype, where, bool(high))
 
 
 def _typed_writer(op, type_name, where, high):
     dtype = TYPES[type_name]
-    if dtype != MASK and dtype.itemsize == 2:
+    if dtype is not MASK and dtype.itemsize == 2:
         return vector_writer(op, dtype, where, bool(high), zero_high=not high)
     if high:
         raise UnsupportedInstruction(f"op_sel on a {type_name} destination ({where})")
