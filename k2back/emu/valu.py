@@ -424,17 +424,14 @@ def _bits(text: str | None, count: int, default: int = 0) -> list[int]:
     return values + [default] * (count - len(values))
 
 
-class _Lanes:
-    """Temporarily narrows a wave's exec mask (DPP row/bank masks, invalid sources)."""
-
-    @staticmethod
-    def write_masked(w, write, value, mask):
-        saved_mask, saved_full = w.mask, w.full
-        w.mask, w.full = saved_mask & mask, False
-        try:
-            write(w, value)
-        finally:
-            w.mask, w.full = saved_mask, saved_full
+def _write_masked(w, write, value, lanes):
+    """`write` into the active lanes that are also in `lanes` (DPP row masks, invalid sources)."""
+    saved_mask, saved_full = w.mask, w.full
+    w.mask, w.full = saved_mask & lanes, False
+    try:
+        write(w, value)
+    finally:
+        w.mask, w.full = saved_mask, saved_full
 
 
 def decode_valu(ins, ctx):
@@ -499,8 +496,6 @@ def _typed_writer(op, type_name, where, high):
 def _run(fn, reads, writes):
     if len(writes) == 1:
         (write,) = writes
-        if len(reads) == 0:
-            return lambda w: write(w, fn())
         if len(reads) == 1:
             (r0,) = reads
             return lambda w: write(w, fn(r0(w)))
@@ -531,7 +526,7 @@ def _dpp(ins, fn, reads, writes):
             lanes = enabled
         else:
             lanes = enabled & source_ok
-        _Lanes.write_masked(w, write, fn(value, *[r(w) for r in rest]), lanes)
+        _write_masked(w, write, fn(value, *[r(w) for r in rest]), lanes)
     return run
 
 
