@@ -57,20 +57,20 @@ def loaded_hip_libraries() -> set[str]:
 
 
 def _hip() -> Iterable[Check]:
-    from hip import hip
+    from k2back.runtime import hip as runtime
 
-    from k2back.runtime.hip import hip_check, runtime_status
-
+    hip = runtime.bindings()
     bound = (hip.HIP_VERSION_MAJOR, hip.HIP_VERSION_MINOR, hip.HIP_VERSION_PATCH)
     yield Check("hip-python", OK, f"{importlib.metadata.version('hip-python')}, built for HIP "
                 f"{'.'.join(map(str, bound))}")
-    status = runtime_status()
+    status = runtime.runtime_status()
     if status is not None:
         yield Check("ROCm runtime", MISSING, f"{status}; the emu backend still runs every kernel")
         return
-    runtime = hip_version_triple(hip_check("hipRuntimeGetVersion", hip.hipRuntimeGetVersion()))
-    yield Check("HIP runtime", OK if bound == runtime else FAIL,
-                f"{'.'.join(map(str, runtime))} (hip-python's must match: "
+    version = runtime.hip_check("hipRuntimeGetVersion", hip.hipRuntimeGetVersion())
+    found = hip_version_triple(version)
+    yield Check("HIP runtime", OK if bound == found else FAIL,
+                f"{'.'.join(map(str, found))} (hip-python's must match: "
                 f"{'.'.join(map(str, bound))})")
     libraries = loaded_hip_libraries()
     yield Check(HIP_LIBRARY, OK if len(libraries) == 1 else WARN,

@@ -60,7 +60,7 @@ class RecordingHip:
 @pytest.fixture
 def recording(monkeypatch):
     fake = RecordingHip()
-    monkeypatch.setattr(hip, "_hip", lambda: fake)
+    monkeypatch.setattr(hip, "bindings", lambda: fake)
     monkeypatch.setattr(hip, "runtime_status", lambda: None)
     monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda d=None: SimpleNamespace(cuda_stream=77))

@@ -32,14 +32,15 @@ class CaptureError(RuntimeError):
     pass
 
 
-def _hip():
+def bindings():
+    """hip-python's `hip` module (imports without ROCm; its first call needs libamdhip64.so)."""
     from hip import hip
 
     return hip
 
 
 def error_name(err) -> str:
-    _, name = _hip().hipGetErrorName(err)
+    _, name = bindings().hipGetErrorName(err)
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
@@ -47,7 +48,7 @@ def hip_check(call: str, result):
     """hip-python returns (error, *results): raise on an error, by its HIP name."""
     result = result if isinstance(result, tuple) else (result,)
     err, rest = result[0], result[1:]
-    if err != _hip().hipError_t.hipSuccess:
+    if err != bindings().hipError_t.hipSuccess:
         raise HipError(f"{call} failed: {error_name(err)}")
     return rest[0] if len(rest) == 1 else rest
 
@@ -58,7 +59,7 @@ def runtime_status() -> str | None:
     if torch.version.hip is None:
         return f"torch {torch.__version__} is not a ROCm build (torch.version.hip is None)"
     try:
-        count = hip_check("hipGetDeviceCount", _hip().hipGetDeviceCount())
+        count = hip_check("hipGetDeviceCount", bindings().hipGetDeviceCount())
     except (RuntimeError, ImportError) as e:
         return f"the HIP runtime could not be used: {e}"
     return None if count else "the HIP runtime sees no GPU"
@@ -105,7 +106,7 @@ class HipBackend:
         key = (device.index, kernel.name, kernel.arch)
         if key not in self._functions:
             refuse_during_capture(f"loading {kernel.name} on {device}")
-            hip = _hip()
+            hip = bindings()
             with torch.cuda.device(device):
                 module = hip_check("hipModuleLoadData", hip.hipModuleLoadData(kernel.hsaco))
                 self._functions[key] = hip_check(
@@ -116,7 +117,7 @@ class HipBackend:
 
     def run(self, kernel, spec, tensors: Mapping[str, object], scratch: torch.Tensor,
             qk_scale: float | None = None) -> None:
-        hip = _hip()
+        hip = bindings()
         device = scratch.device
         function = self._function(kernel, device)
         segment = launch.kernargs(kernel, spec, tensors, scratch.data_ptr(),
