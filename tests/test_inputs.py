@@ -198,3 +198,14 @@ def test_compare_catches_truncation_to_bf16(result):
     compare("y", nearest.float() * (1 + 2.0**-20), nearest)
     with pytest.raises(AssertionError, match="bias"):
         compare("y", truncated, nearest)
+
+
+def test_one_flip_is_allowed_in_a_tiny_population():
+    codes = torch.tensor([[120, 121, 122, 123]], dtype=torch.uint8)
+    one = codes.clone()
+    one[0, 1] += 1
+    compare("x8b_codes", one, codes)  # 1 of 4 blocks: a legitimate flip
+    two = one.clone()
+    two[0, 2] += 1
+    with pytest.raises(AssertionError, match="code_flips"):
+        compare("x8b_codes", two, codes)
