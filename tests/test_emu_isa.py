@@ -67,3 +67,53 @@ def test_perm_packed_f32_and_sdwa(arch):
     sdwa = (((a >> 16) & 0xFF) + (b & 0xFFFF)) & 0xFFFF
     np.testing.assert_array_equal(out[256:320], sdwa << 16)
     np.testing.assert_array_equal(out[320:], (a >> 16) | (b << 16) & 0xFFFF0000)  # halves path
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lds_widths_pairs_and_sub_dword_forms(arch):
+    # LDS image built by byte/short/dword/b96/write2st64 stores, then read back by
+    # read2st64, b96, u8/i8/u16/i16 and the d16 (half-register) forms.
+    body = f"""
+\tv_lshlrev_b32_e32 v1, 2, v0
+\tv_mul_u32_u24_e32 v2, 0x10101, v0
+\tv_xor_b32_e32 v3, 0x80808080, v2
+\tds_write2st64_b32 v1, v2, v3 offset1:1
+\tv_lshlrev_b32_e32 v4, 4, v0
+\tv_add_u32_e32 v5, 0x1000, v4
+\tv_mov_b32_e32 v6, v2
+\tv_mov_b32_e32 v7, v3
+\tv_not_b32_e32 v8, v2
+\tds_write_b96 v5, v[6:8]
+\tv_add_u32_e32 v9, 0x2000, v0
+\tds_write_b8 v9, v3
+\tv_lshlrev_b32_e32 v10, 1, v0
+\tv_add_u32_e32 v10, 0x2100, v10
+\tds_write_b16 v10, v3
+\tds_write_b16_d16_hi v10, v2 offset:128
+\ts_waitcnt lgkmcnt(0)
+\tds_read2st64_b32 v[12:13], v1 offset1:1
+\tds_read_b96 v[14:16], v5
+\tds_read_u8 v17, v9
+\tds_read_i8 v18, v9
+\tds_read_u16 v19, v10
+\tds_read_i16 v20, v10
+\tv_mov_b32_e32 v21, -1
+\tds_read_u16_d16_hi v21, v10 offset:128
+\tv_mov_b32_e32 v22, -1
+\tds_read_u8_d16 v22, v9
+\tv_mul_u32_u24_e32 v11, 48, v0{STORE_OUT}
+\ts_waitcnt lgkmcnt(0)
+\tglobal_store_dwordx4 v11, v[12:15], s[2:3]
+\tglobal_store_dwordx4 v11, v[16:19], s[2:3] offset:16
+\tglobal_store_dwordx4 v11, v[20:23], s[2:3] offset:32"""
+    out = np.zeros((64, 12), np.uint32)
+    run_handwritten(arch, body, out, lds_bytes=0x2200)
+    a = LANE * 0x10101
+    b = a ^ 0x80808080
+    low_b = b & 0xFF
+    half_b = b & 0xFFFF
+    sx = lambda v, bits: (v.astype(np.int64) ^ (1 << (bits - 1))) - (1 << (bits - 1))  # noqa: E731
+    want = np.stack([a, b, a, b, ~a & 0xFFFFFFFF, low_b, sx(low_b, 8) & 0xFFFFFFFF, half_b,
+                     sx(half_b, 16) & 0xFFFFFFFF, ((a >> 16) << 16) | 0xFFFF,
+                     0xFFFF0000 | low_b], 1).astype(np.uint32)
+    np.testing.assert_array_equal(out[:, :11], want)  # column 11 is v23, not written
