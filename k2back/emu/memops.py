@@ -228,20 +228,28 @@ def decode_buffer(ins, ctx):
     s0 = rsrc.index
 
     def locate(w, element: int, count: int):
-        """(addresses [lanes, count], in-range [lanes, count]) of each element."""
+        """Lane start addresses [lanes] and None when every element is in range, else
+        (addresses [lanes, count], in-range [lanes, count]) of each element."""
         base = w.s[s0] | ((w.s[s0 + 1] & 0xFFFF) << 32)
         stride = (w.s[s0 + 1] >> 16) & 0x3FFF
         records = w.s[s0 + 2]
-        lanes = np.count_nonzero(w.mask) if not w.full else 64
-        index = active(w, w.r[vrow]).astype(np.int64) if idxen else np.zeros(lanes, np.int64)
-        voffset = active(w, w.r[vrow + int(idxen)]).astype(np.int64) if offen else np.zeros(lanes, np.int64)
-        offsets = (voffset + inst_offset)[:, None] + element * np.arange(count)
+        start = base + soffset(w) + inst_offset
+        voffset = active(w, w.r[vrow + int(idxen)]).astype(np.int64) if offen else None
         if idxen:
-            in_range = np.broadcast_to((index < records)[:, None], offsets.shape)
+            index = active(w, w.r[vrow]).astype(np.int64)
+            starts = index * stride + (voffset if offen else 0)
+            lane_ok = index < records
         else:
-            in_range = offsets + element <= records
-        addresses = base + soffset(w) + index[:, None] * stride + offsets
-        return addresses.astype(U64), in_range
+            starts = voffset if offen else np.zeros(64 if w.full else np.count_nonzero(w.mask), np.int64)
+            lane_ok = None
+        if lane_ok.all() if idxen else starts.max() + inst_offset + element * count <= records:
+            return (starts + start).astype(U64), None
+        offsets = starts[:, None] + element * np.arange(count)
+        if lane_ok is not None:
+            in_range = np.broadcast_to(lane_ok[:, None], offsets.shape)
+        else:
+            in_range = offsets + inst_offset + element <= records
+        return (offsets + start).astype(U64), in_range
 
     if op == "atomic":
         return _buffer_atomic(ins, ctx, suffix, data_op, locate, counter)
@@ -257,6 +265,9 @@ def decode_buffer(ins, ctx):
                 return
             counter[0] += 1
             addresses, in_range = locate(w, element, count)
+            if in_range is None:
+                load_lanes(w, row, memory.read(addresses, size, who(w, ins)), kind)
+                return
             data = np.zeros(addresses.shape + (element,), np.uint8)
             if in_range.any():
                 data[in_range] = memory.read(addresses[in_range], element, who(w, ins))
@@ -268,9 +279,12 @@ def decode_buffer(ins, ctx):
             return
         counter[0] += 1
         addresses, in_range = locate(w, element, count)
-        data = store_bytes(w, row, size, kind).reshape(addresses.shape + (element,))
-        if in_range.any():
-            memory.write(addresses[in_range], data[in_range], who(w, ins))
+        if in_range is None:
+            memory.write(addresses, store_bytes(w, row, size, kind), who(w, ins))
+        else:
+            data = store_bytes(w, row, size, kind).reshape(addresses.shape + (element,))
+            if in_range.any():
+                memory.write(addresses[in_range], data[in_range], who(w, ins))
         ctx.progress()
     return store
 
@@ -288,7 +302,10 @@ def _buffer_atomic(ins, ctx, name, data_op, locate, counter):
             return
         counter[0] += 1
         addresses, in_range = locate(w, dtype.itemsize, 1)
-        addresses, in_range = addresses[:, 0], in_range[:, 0]
+        if in_range is None:
+            in_range = np.ones(addresses.size, bool)
+        else:
+            addresses, in_range = addresses[:, 0], in_range[:, 0]
         data = read_rows(w, row, per_value * values).view(dtype)
         old = np.zeros(addresses.size, dtype)
         if in_range.any():
