@@ -86,12 +86,13 @@ def e4m3fnuz_decode(b: torch.Tensor) -> torch.Tensor:
 # so a finite OCP byte b is worth exactly twice FNUZ byte b, normals and
 # subnormals alike. The exceptions: 0x80 is -0 in OCP but NaN in FNUZ, and
 # 0x7F / 0xFF are NaN in OCP but ±240 in FNUZ (writers never produce them:
-# they saturate).
-
+# they saturate). So gfx942 quantizes x under MXFP8 code c by converting
+# x·2^(126 − c) (the halving folded into the power of two) to FNUZ saturating
+# at ±224: GFX942_QUANT_FORMAT.
 GFX942_DECODE_SCALE = 2.0  # OCP value = FNUZ value of the same byte × 2
 GFX942_QUANT_MAX = E4M3FN.max / GFX942_DECODE_SCALE  # 224: FNUZ max that yields OCP 448
+GFX942_QUANT_FORMAT = replace(E4M3FNUZ, max=GFX942_QUANT_MAX)
 OCP_NEGATIVE_ZERO = 0x80
-_FNUZ_AT_GFX942_QUANT_MAX = replace(E4M3FNUZ, max=GFX942_QUANT_MAX)
 
 
 def e4m3fn_decode_gfx942(b: torch.Tensor) -> torch.Tensor:
@@ -106,7 +107,7 @@ def e4m3fn_encode_gfx942(x: torch.Tensor) -> torch.Tensor:
     """OCP bytes produced with gfx942's FNUZ converter: halve, saturate to 224,
     encode FNUZ. Same value as e4m3fn_encode(x) for every non-NaN x; the bytes
     differ only where OCP writes -0 (0x80): FNUZ has no -0 and writes 0x00."""
-    return fp8_encode(x.float() / GFX942_DECODE_SCALE, _FNUZ_AT_GFX942_QUANT_MAX)
+    return fp8_encode(x.float() / GFX942_DECODE_SCALE, GFX942_QUANT_FORMAT)
 
 
 # ---------------------------------------------------------------------------
@@ -141,6 +142,9 @@ def ue8m0_code(amax: torch.Tensor) -> torch.Tensor:
     evaluated exactly (no fp32 log2 or division): with max(amax, FLT_MIN) =
     m·2^e, m in [0.5, 1), and 448 = 0.875·2^9, ceil(log2(.)) = e − 9 + [m > 0.875].
     So the code is the smallest c with amax <= 448·2^(c−127), clamped.
+    In fp32 bits (what a kernel computes: no log2, no division), with E the
+    biased exponent and M the 23 mantissa bits of max(amax, FLT_MIN):
+    code = clamp(E − 8 + [M > 0x600000], 0, 254) for every finite amax.
     amax = +inf gives 254; NaN is treated as 0 (see mx_quantize)."""
     a = _nan_to_zero(amax.float()).clamp(min=FLT_MIN)
     m, e = torch.frexp(a)

@@ -310,3 +310,29 @@ def test_key_table_entries():
     s, c, present = F.decode_key_table(torch.cat([t, torch.tensor([-1], dtype=torch.int32)]))
     assert s[:4].tolist() == slots.tolist() and c.tolist() == comp.tolist() + [False]
     assert present.tolist() == [True] * 4 + [False]
+
+
+def test_ue8m0_code_from_fp32_bits():
+    """The bit-level form the kernels use (see ue8m0_code) agrees on finite amax."""
+    g = np.random.default_rng(8)
+    bounds = np.array([448.0 * 2.0**k for k in range(-140, 118)])
+    bounds = bounds[bounds > 1e-45].astype(np.float32)
+    amax = np.concatenate([
+        bounds, np.nextafter(bounds, np.float32(np.inf)), np.nextafter(bounds, np.float32(0)),
+        np.abs(g.standard_normal(5000) * np.exp2(g.uniform(-149, 127, 5000))).astype(np.float32),
+        np.array([0.0, 1e-45, 2.0**-126, 3.4e38], dtype=np.float32)])
+    bits = np.maximum(amax, np.float32(2.0**-126)).view(np.uint32).astype(np.int64)
+    code = np.clip((bits >> 23) - 8 + ((bits & 0x7FFFFF) > 0x600000), 0, 254)
+    assert np.array_equal(F.ue8m0_code(torch.from_numpy(amax)).numpy(), code)
+
+
+def test_gfx942_mxfp8_quantize_by_folded_scale():
+    """x·2^(126 − c) through FNUZ saturating at 224 gives the OCP values of
+    vLLM's rule (bytes equal but −0, which FNUZ writes as +0)."""
+    x = torch.from_numpy(mx_blocks(12)[:-4])  # finite blocks
+    want_b, code = F.mxfp8_quantize(x)
+    folded = x * torch.ldexp(torch.ones(code.shape), 126 - code.int()).repeat_interleave(32, -1)
+    got_b = F.fp8_encode(folded, F.GFX942_QUANT_FORMAT)
+    assert torch.equal(F.e4m3fn_decode_gfx942(got_b), F.e4m3fn_decode(want_b))
+    differ = got_b != want_b
+    assert (want_b[differ] == F.OCP_NEGATIVE_ZERO).all() and (got_b[differ] == 0).all()
