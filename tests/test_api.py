@@ -209,3 +209,14 @@ def test_opcheck(cache_dir):
                     if isinstance(v, torch.Tensor) and v.dtype == torch.float8_e4m3fn}
     torch.library.opcheck(torch.ops.k2back.attention_back.default, (),
                           {**inputs, **fp8_as_bytes, **kwargs})
+
+
+def test_target_id_features_reach_the_code_object():
+    """arch with target-ID features (a device's gcnArchName): the same plan, a
+    code object built for those features, its own cache entry."""
+    plain = ops.build(GEOMETRY, 8, 1, 0, "gfx942")
+    pinned = ops.build(GEOMETRY, 8, 1, 0, "gfx942:sramecc+:xnack-")
+    assert plain[0] == pinned[0]  # the plan does not depend on the features
+    assert plain[1].metadata.target == "gfx942"
+    assert pinned[1].metadata.target == "gfx942:sramecc+:xnack-"
+    assert plain[1].key != pinned[1].key
