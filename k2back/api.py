@@ -38,6 +38,9 @@ class AttentionBack:
             raise ValueError(f"max_tokens: expected an int in 1..{MAX_TOKENS}, got {max_tokens!r}")
         if arch != "auto":
             parse_arch(arch)  # a clear error now rather than at the first call
+        elif backend == "emu":
+            raise ValueError(f"arch='auto' reads a GPU's gcnArchName; the emu backend has none: "
+                             f"pass arch= one of {ARCHS}")
         self.ratio = ratio
         self.arch = arch
         self.max_tokens = max_tokens
@@ -59,7 +62,7 @@ class AttentionBack:
         if self.arch != "auto":
             return self.arch
         if device.type != "cuda":
-            raise ValueError(f"arch='auto' reads the GPU's gcnArchName, but the tensors are on "
+            raise ValueError(f"arch='auto' reads a GPU's gcnArchName, but the tensors are on "
                              f"{device}: pass arch= one of {ARCHS} for the emulator")
         return hip.device_arch(device)
 

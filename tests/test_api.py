@@ -127,9 +127,11 @@ def test_qk_scale_is_checked(inputs, qk_scale):
 
 
 def test_arch_auto_on_cpu_asks_for_an_arch(inputs):
+    with pytest.raises(ValueError, match="arch="):
+        layer(arch="auto")  # backend="emu": no GPU to read the arch from
     out = sentinel_out()
-    with pytest.raises(ValueError, match="arch"):
-        call(inputs, out, layer(arch="auto"))
+    with pytest.raises(ValueError, match="arch="):  # backend="auto", CPU tensors
+        call(inputs, out, layer(arch="auto", backend="auto"))
     assert torch.all(out == SENTINEL)
 
 
