@@ -195,3 +195,56 @@ def test_launch_arguments_reach_the_kernel_in_the_emulator(cache_dir, arch):
     assert got["comp_bytes"] == (comp.shape[0] - 1) * comp.stride(0) + comp.shape[1]
     assert got["cos_sin_rows"] == tensors["cos_sin"].shape[0]
     assert got["qk_scale"] == int.from_bytes(struct.pack("<f", 0.3), "little")
+
+
+HIDDEN_IR = """
+target triple = "amdgcn-amd-amdhsa"
+define amdgpu_kernel void @hidden(ptr addrspace(1) %out, i32 %pad) #0 {
+  %imp = call ptr addrspace(4) @llvm.amdgcn.implicitarg.ptr()
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %first = icmp eq i32 %tid, 0
+  br i1 %first, label %store, label %done
+store:
+  %bcx = load i32, ptr addrspace(4) %imp, align 4
+  %pbcy = getelementptr i8, ptr addrspace(4) %imp, i64 4
+  %bcy = load i32, ptr addrspace(4) %pbcy, align 4
+  %pgsx = getelementptr i8, ptr addrspace(4) %imp, i64 12
+  %gsx = load i16, ptr addrspace(4) %pgsx, align 2
+  %pdims = getelementptr i8, ptr addrspace(4) %imp, i64 64
+  %dims = load i16, ptr addrspace(4) %pdims, align 2
+  %gsx32 = zext i16 %gsx to i32
+  %dims32 = zext i16 %dims to i32
+  store i32 %bcx, ptr addrspace(1) %out, align 4
+  %o1 = getelementptr i32, ptr addrspace(1) %out, i64 1
+  store i32 %bcy, ptr addrspace(1) %o1, align 4
+  %o2 = getelementptr i32, ptr addrspace(1) %out, i64 2
+  store i32 %gsx32, ptr addrspace(1) %o2, align 4
+  %o3 = getelementptr i32, ptr addrspace(1) %out, i64 3
+  store i32 %dims32, ptr addrspace(1) %o3, align 4
+  br label %done
+done:
+  ret void
+}
+declare ptr addrspace(4) @llvm.amdgcn.implicitarg.ptr()
+declare i32 @llvm.amdgcn.workitem.id.x()
+attributes #0 = { "amdgpu-flat-work-group-size"="1,512" }
+!llvm.module.flags = !{!0}
+!0 = !{i32 1, !"amdhsa_code_object_version", i32 500}
+"""
+
+
+@pytest.mark.parametrize("arch", llvm.ARCHS)
+def test_hidden_args_where_the_kernel_reads_them(cache_dir, arch):
+    """A kernel reading the v5 hidden block through llvm.amdgcn.implicitarg.ptr
+    (LLVM's own offsets) sees the launch's geometry."""
+    from k2back.codegen.compiler import IRSource
+    from k2back.codegen.compiler import compile as compile_source
+    from k2back.emu import Machine
+
+    kernel = compile_source(IRSource(HIDDEN_IR, "hidden", arch))
+    out = torch.zeros(4, dtype=torch.int32)
+    machine = Machine(arch)
+    dims = LaunchDims(grid=(3, 2, 1), block=(128, 1, 1))
+    segment = pack_kernargs(kernel.metadata, {"out": machine.map(out), "pad": 0}, dims)
+    machine.launch(kernel.asm, "hidden", grid=dims.grid, block=dims.block, kernargs=segment)
+    assert out.tolist() == [3, 2, 128, 2]
