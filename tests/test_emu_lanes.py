@@ -29,6 +29,7 @@ DPP_CASES = {  # name: (dpp_ctrl, row_mask, bank_mask, bound_ctrl)
     "row_bcast_15": (0x142, 0xA, 0xF, False),
     "row_bcast_31": (0x143, 0xC, 0xF, False),
     "row_mask_5": (0xB1, 0x5, 0xF, False),
+    "bank_mask_6": (0x111, 0xF, 0x6, False),
 }
 
 

@@ -407,10 +407,10 @@ def _dpp_map(modifiers: dict) -> tuple[np.ndarray, np.ndarray]:
 def dpp_controls(ins) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     src, valid = _dpp_map(ins.modifiers)
     row_mask = int(ins.modifiers.get("row_mask", "0xf"), 0)
-    if int(ins.modifiers.get("bank_mask", "0xf"), 0) != 0xF:
-        # Which lanes a bank holds is not pinned down by a source we could check.
-        raise UnsupportedInstruction(f"DPP bank_mask other than 0xf ({ins.where()})")
-    enabled = ((row_mask >> (LANE // 16)) & 1).astype(bool)
+    bank_mask = int(ins.modifiers.get("bank_mask", "0xf"), 0)
+    # GCN3/Vega ISA, DPP BANK_MASK: bit b enables lanes 4b..4b+3 of every row;
+    # both masks gate only the destination write.
+    enabled = (((row_mask >> (LANE // 16)) & (bank_mask >> ((LANE % 16) // 4))) & 1).astype(bool)
     return src, valid, enabled, "bound_ctrl" in ins.modifiers
 
 
