@@ -42,10 +42,11 @@ def metadata(asm: str, name: str) -> SimpleNamespace:
 
 def run(ir: str, arch: str, name: str, args: dict, grid=(1, 1, 1), block=(64, 1, 1),
         machine: Machine | None = None, **launch):
-    """Launch `name`; array arguments are mapped in place, others packed by value."""
+    """Launch `name`; array arguments are mapped in place (named like the argument,
+    the key of the byte counters), others packed by value."""
     machine = machine or Machine(arch)
     asm = assemble(ir, arch)
-    values = {k: machine.map(v) if hasattr(v, "shape") and v.shape != () else v
+    values = {k: machine.map(v, name=k) if hasattr(v, "shape") and v.shape != () else v
               for k, v in args.items()}
     dims = LaunchDims(tuple(grid) + (1,) * (3 - len(grid)), tuple(block) + (1,) * (3 - len(block)))
     kernargs = pack_kernargs(metadata(asm, name), values, dims)

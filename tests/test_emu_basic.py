@@ -40,4 +40,7 @@ def test_saxpy_partial_grid(arch):
     want[:n] = x[:n] * np.float32(1.5) + y[:n]
     stats = run(SAXPY, arch, "saxpy", {"x": x, "y": y, "a": 1.5, "n": n}, grid=(4,), block=(256,))
     np.testing.assert_array_equal(y, want)
-    assert stats.bytes_written[next(k for k in stats.bytes_written if stats.bytes_written[k])] == 4 * n
+    assert (stats.bytes_read["x"], stats.bytes_read["y"]) == (4 * n, 4 * n)
+    assert (stats.bytes_written["x"], stats.bytes_written["y"]) == (0, 4 * n)
+    assert stats.instructions["vmem_load"] == 2 * 4 * 4  # 2 loads x 16 waves, the last one partial
+    assert stats.waves == 16 and stats.workgroups == 4

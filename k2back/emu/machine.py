@@ -151,6 +151,8 @@ class Machine:
         grid, block = _dims("grid", grid), _dims("block", block)
         setup = LaunchSetup(self, kernel, grid, block, bytes(kernargs), dynamic_lds)
         stats = Stats()
+        for region in self.memory.regions:  # counters are per launch
+            region.read = region.written = 0
         ctx = DecodeContext(self, kernel, setup.accum_offset, stats)
         code, classes = self._decode(kernel, ctx)
         launch_buffers = [self.memory.map(array, name) for name, array in setup.launch_buffers.items()]
@@ -197,7 +199,7 @@ class Machine:
                     self._progress = True
             live = [w for w in live if not w.done]
             quiet_rounds = 0 if self._progress else quiet_rounds + 1
-            if live and (quiet_rounds > self.stall_rounds or all(w.waiting for w in live)):
+            if live and quiet_rounds > self.stall_rounds:
                 raise Deadlock(_deadlock_report(live, kernel, quiet_rounds))
         stats.rounds = round_number
 
@@ -236,7 +238,6 @@ class Machine:
         for region in self.memory.regions:
             stats.bytes_read[region.name] = region.read
             stats.bytes_written[region.name] = region.written
-            region.read = region.written = 0
         stats.cache_policy = {key: cell[0] for key, cell in stats.cache_policy.items() if cell[0]}
         stats.workgroups = len(groups)
         for g in groups:
