@@ -57,7 +57,7 @@ def rng(seed: int) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
-def handwritten(arch: str, body: str, lds_bytes: int = 0) -> str:
+def handwritten(arch: str, body: str, lds_bytes: int = 0, agprs: int = 0) -> str:
     """Asm text of kernel `hand(ptr out)` whose instructions are `body` (then
     s_endpgm): s[0:1] is the kernarg pointer, v0 the work-item id."""
     return f"""
@@ -76,7 +76,7 @@ hand:
 \t\t.amdhsa_user_sgpr_kernarg_segment_ptr 1
 \t\t.amdhsa_system_sgpr_workgroup_id_x 1
 \t\t.amdhsa_system_vgpr_workitem_id 0
-\t\t.amdhsa_next_free_vgpr 32
+\t\t.amdhsa_next_free_vgpr {32 + agprs}
 \t\t.amdhsa_next_free_sgpr 16
 \t\t.amdhsa_accum_offset 32
 \t\t.amdhsa_float_denorm_mode_32 3
@@ -84,7 +84,9 @@ hand:
 """
 
 
-def run_handwritten(arch: str, body: str, out: np.ndarray, lds_bytes: int = 0, **launch):
+def run_handwritten(arch: str, body: str, out: np.ndarray, lds_bytes: int = 0, agprs: int = 0,
+                    **launch):
     machine = Machine(arch)
     kernargs = machine.map(out).to_bytes(8, "little")
-    return machine.launch(handwritten(arch, body, lds_bytes), "hand", kernargs=kernargs, **launch)
+    return machine.launch(handwritten(arch, body, lds_bytes, agprs), "hand", kernargs=kernargs,
+                          **launch)

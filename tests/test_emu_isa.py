@@ -117,3 +117,30 @@ def test_lds_widths_pairs_and_sub_dword_forms(arch):
                      sx(half_b, 16) & 0xFFFFFFFF, ((a >> 16) << 16) | 0xFFFF,
                      0xFFFF0000 | low_b], 1).astype(np.uint32)
     np.testing.assert_array_equal(out[:, :11], want)  # column 11 is v23, not written
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_mfma_accumulating_in_agprs(arch):
+    # a0..a3 live after the VGPRs (.amdhsa_accum_offset 32): written, accumulated
+    # into twice by MFMA, read back.
+    body = f"""
+\tv_accvgpr_write_b32 a0, 1.0
+\tv_accvgpr_write_b32 a1, 0
+\tv_mov_b32_e32 v9, 0x40400000
+\tv_accvgpr_write_b32 a2, v9
+\tv_accvgpr_mov_b32 a3, a2
+\tv_mov_b32_e32 v2, 0x3f803f80
+\tv_mov_b32_e32 v3, 0x40003f80
+\tv_mfma_f32_16x16x16_bf16 a[0:3], v[2:3], v[2:3], a[0:3]
+\tv_mfma_f32_16x16x16_bf16 a[0:3], v[2:3], v[2:3], a[0:3]
+\ts_nop 7
+\tv_accvgpr_read_b32 v4, a0
+\tv_accvgpr_read_b32 v5, a1
+\tv_accvgpr_read_b32 v6, a2
+\tv_accvgpr_read_b32 v7, a3
+\tv_lshlrev_b32_e32 v8, 4, v0{STORE_OUT}
+\tglobal_store_dwordx4 v8, v[4:7], s[2:3]"""
+    out = np.zeros((64, 4), np.float32)
+    run_handwritten(arch, body, out, agprs=4)
+    # every lane holds k-values (1, 1, 1, 2) of A and B: each dot product is 4 * (1+1+1+4) = 28
+    np.testing.assert_array_equal(out, np.broadcast_to(np.float32([1, 0, 3, 3]) + 2 * 28, (64, 4)))
