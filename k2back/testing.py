@@ -13,6 +13,7 @@ tolerances (`TOLERANCES`) are derived in the docstring there.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -329,6 +330,19 @@ def rank_slice(full: dict, tp: int, rank: int) -> dict:
         "wo_a": full["wo_a"][r].contiguous(), "wo_a_scale": full["wo_a_scale"][rb].contiguous(),
         "wo_b": full["wo_b"][:, r].contiguous(), "wo_b_scale": full["wo_b_scale"][:, rb].contiguous(),
     }
+
+
+@contextlib.contextmanager
+def single_thread():
+    """torch on one intra-op thread: the reference's tensors are small, and
+    under pytest-xdist extra threads only fight the other workers (50× slower
+    on a loaded 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 # --- metrics and calibrated comparison ----------------------------------------

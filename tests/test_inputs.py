@@ -12,7 +12,21 @@ import torch
 from k2back import formats as F
 from k2back.model import geometry
 from k2back.reference import attention_back, gather_keys
-from k2back.testing import LAUNCH_ARGS, compare, make_inputs, rank_slice, rope_table, yarn_inv_freq
+from k2back.testing import (
+    LAUNCH_ARGS,
+    compare,
+    make_inputs,
+    rank_slice,
+    rope_table,
+    single_thread,
+    yarn_inv_freq,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    with single_thread():
+        yield
 
 
 @pytest.mark.parametrize("geo,tp", [("tiny", 1), ("tiny", 8), ("tiny-16", 2)])
