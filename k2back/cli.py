@@ -12,7 +12,7 @@ import logging
 import multiprocessing
 import os
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import astuple, dataclass
 from pathlib import Path
 
@@ -111,20 +111,25 @@ def build(config: Config) -> tuple[Config, str, str]:
     return config, "cached" if kernel.cache_hit else "built", kernel.name
 
 
+def builders(jobs: int, verbosity: int):
+    """Where warmup builds: in this process for one job (no interpreter to
+    start), else in `jobs` fresh ones (spawned: a forked torch is unsafe)."""
+    if jobs == 1:
+        return ThreadPoolExecutor(max_workers=1)
+    return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=configure_logging, initargs=(verbosity,))
+
+
 def cmd_warmup(parser, args) -> int:
     from tqdm import tqdm
 
     todo = configs(args)
-    results = []
-    with ProcessPoolExecutor(max_workers=min(args.jobs, len(todo)),
-                             # spawn: the parent has torch loaded, a forked torch is unsafe
-                             mp_context=multiprocessing.get_context("spawn"),
-                             initializer=configure_logging, initargs=(args.verbose,)) as pool:
+    with builders(min(args.jobs, len(todo)), args.verbose) as pool:
         futures = [pool.submit(build, c) for c in todo]
-        for future in tqdm(as_completed(futures), total=len(todo), desc="k2back warmup",
-                           unit="kernel", disable=args.quiet):
-            results.append(future.result())
-    results.sort(key=lambda r: todo.index(r[0]))
+        for _ in tqdm(as_completed(futures), total=len(todo), desc="k2back warmup",
+                      unit="kernel", disable=args.quiet):
+            pass
+    results = [f.result() for f in futures]
     print(table([(str(c), status, detail) for c, status, detail in results],
                 ("configuration", "status", "kernel / reason")))
     counts = {s: sum(r[1] == s for r in results) for s in ("built", "cached", "failed")}

@@ -64,8 +64,8 @@ def test_cache_ls_size_clear(tmp_path, monkeypatch):
 TINY = ("--geometry", "tiny", "--tp", "4", "--ratio", "2")
 
 
-def warmup(cache_dir, *config):
-    return k2back("warmup", "--jobs", "1", "--quiet", *config, cache_dir=cache_dir)
+def warmup(cache_dir, *config, jobs=1):
+    return k2back("warmup", "--jobs", str(jobs), "--quiet", *config, cache_dir=cache_dir)
 
 
 def summary(stdout: str) -> dict[str, int]:
@@ -75,7 +75,7 @@ def summary(stdout: str) -> dict[str, int]:
 
 def test_warmup_twice_second_all_hits(tmp_path):
     config = (*TINY, "--arch", "gfx942,gfx950", "--tokens", "1,3")
-    first = warmup(tmp_path, *config)
+    first = warmup(tmp_path, *config, jobs=2)  # worker processes, then this process
     assert first.returncode == 0, first.stdout + first.stderr
     assert summary(first.stdout) == {"built": 4, "cached": 0, "failed": 0}
     second = warmup(tmp_path, *config)
