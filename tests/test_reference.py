@@ -157,11 +157,13 @@ def test_two_orders_agree_on_unseen_seeds(geo, tp, tokens, ratio, seed):
 
 
 @pytest.mark.parametrize("geo,tp,tokens,ratio,seed", [
-    ("tiny", 1, 6, 1, 200), ("tiny-16", 2, 8, 2, 201), ("tiny", 4, 5, 0, 202)])
+    ("v4.1-flash", 8, 4, 2, 200), ("v4.1-flash", 8, 3, 0, 201)])
 def test_chunk_size_invariance(geo, tp, tokens, ratio, seed):
-    x = make_inputs(geo, tp, tokens, ratio, seed, max_pos=400)  # tables past 128 keys
+    """CK 64 vs 128 (the small geometries have < 64 keys: one chunk either way)."""
+    x = make_inputs(geo, tp, tokens, ratio, seed)
     a = attention_back(**x, chunk_keys=64, intermediates=True)
     b = attention_back(**x, chunk_keys=128, intermediates=True)
+    assert not torch.equal(a["o"], b["o"])  # the chunkings do round differently
     for name in ("out", "o", "z"):
         compare(name, b[name], a[name], CHUNK_TOLERANCES)
     for name in ("xo", "x8b"):
