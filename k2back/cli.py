@@ -52,6 +52,12 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 def name_list(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
 
@@ -75,8 +81,8 @@ def add_config_flags(parser: argparse.ArgumentParser, lists: bool) -> None:
 
 
 def configs(args) -> list[Config]:
-    lists = [getattr(args, flag) for flag in CONFIG_FLAGS]
-    return [Config(g, tp, s, r, a) for g, a, tp, r, s in itertools.product(*lists)]
+    lists = {flag: getattr(args, flag) for flag in CONFIG_FLAGS}
+    return [Config(**dict(zip(lists, values))) for values in itertools.product(*lists.values())]
 
 
 def one_config(parser: argparse.ArgumentParser, args) -> Config:
@@ -100,7 +106,7 @@ def table(rows: list[tuple], header: tuple) -> str:
 
 
 def build(config: Config) -> tuple[Config, str, str]:
-    """(config, built | cached | failed, detail): runs in a worker process."""
+    """(config, built | cached | failed, detail), in a builder thread or process."""
     from k2back import ops
 
     try:
@@ -294,7 +300,7 @@ def parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler, subparser=p)
         if lists is not None:
             add_config_flags(p, lists)
-    sub.choices["warmup"].add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+    sub.choices["warmup"].add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1,
                                        help="parallel build processes (default: the cores)")
     sub.choices["warmup"].add_argument("-q", "--quiet", action="store_true",
                                        help="no progress bar")
