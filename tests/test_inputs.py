@@ -131,6 +131,10 @@ def test_overrides():
     x = make_inputs("tiny-16", 1, 3, 1, 0, key_len=0, sink=math.inf, positions=0, swa_block=64)
     assert x["key_len"].dtype == torch.int32 and (x["key_len"] == 0).all()
     assert (x["sink"] == math.inf).all() and (x["positions"] == 0).all() and x["swa_block"] == 64
+    stale = make_inputs("tiny-16", 1, 3, 1, 0, stale_tail=True)
+    _, _, present = F.decode_key_table(stale["key_table"])
+    past = torch.arange(present.shape[1]) >= stale["key_len"][:, None]
+    assert (present & past).any()  # entries a kernel must ignore
     with pytest.raises(TypeError, match="unknown overrides"):
         make_inputs("tiny-16", 1, 3, 1, 0, kv_len=3)
     with pytest.raises(ValueError, match="ratio"):
