@@ -223,7 +223,7 @@ def cmd_verify(parser, args) -> int:
     from k2back.runtime.launch import new_scratch
     from k2back.testing import compare, make_inputs
 
-    spec, kernel = ops.build(config.geometry, config.tp, config.tokens, config.ratio, config.arch)
+    spec, kernel = ops.build(*astuple(config))
     inputs = make_inputs(config.geometry, config.tp, config.tokens, config.ratio, args.seed)
     want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
     if args.perturb:  # a reference that differs from any correct kernel
@@ -242,8 +242,8 @@ def cmd_verify(parser, args) -> int:
             failures += 1
             print(f"  {name}: MISMATCH {e}")
         else:
-            print(f"  {name}: ok " + ", ".join(f"{k} {v:.3g}" if isinstance(v, float) else
-                                             f"{k} {v}" for k, v in metrics.items()))
+            print(f"  {name}: ok " + ", ".join(
+                f"{k} {v}" if isinstance(v, int) else f"{k} {v:.3g}" for k, v in metrics.items()))
     print(stats_report(stats))
     print(resource_report(kernel.metadata))
     return 1 if failures else 0
