@@ -150,3 +150,40 @@ def test_consumer_waiting_on_a_flag_nobody_sets_is_a_deadlock(arch):
     assert "workgroup 1 wave 0" in message and "polling" in message
     assert "workgroup 0" not in message  # the producer finished
     assert "line" in message
+
+
+# The same hand-off with the release fence forgotten: waves 1..3 store their data
+# and pass the barrier without waiting for the stores; wave 0 raises the flag and
+# ends while the others still spin. On the GPU the consumer may then read stale data.
+UNFENCED = HANDOFF.replace("""  fence syncscope("agent") release
+  call void @llvm.amdgcn.s.barrier()
+  %first = icmp eq i32 %tid, 0
+  br i1 %first, label %raise, label %done""", """  call void @llvm.amdgcn.s.barrier()
+  %wave0 = icmp ult i32 %tid, 64
+  br i1 %wave0, label %raise, label %spin
+spin:
+  %i = phi i32 [ 0, %produce ], [ %i1, %spin ]
+  call void @llvm.amdgcn.s.sleep(i32 1)
+  %i1 = add i32 %i, 1
+  %more = icmp ult i32 %i1, 20
+  br i1 %more, label %spin, label %done""")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_store_visibility_waitcnt_mode(arch, order):
+    def launch(ir, visibility):
+        x = rng(3).standard_normal(256).astype(np.float32)
+        arrays = {"x": x, "data": np.zeros(256, np.float32), "flag": np.zeros(1, np.int32),
+                  "out": np.zeros(256, np.float32)}
+        run(ir, arch, "handoff", arrays, grid=(2,), block=(256,), order=order,
+            machine=Machine(arch, store_visibility=visibility))
+        return arrays["out"], x * np.float32(3) + np.float32(1)
+
+    out, want = launch(HANDOFF, "waitcnt")  # the correct release still works
+    np.testing.assert_array_equal(out, want)
+    out, want = launch(UNFENCED, "immediate")  # stores visible at once hide the bug
+    np.testing.assert_array_equal(out, want)
+    out, want = launch(UNFENCED, "waitcnt")  # delayed stores expose it
+    stale = out[64:] == np.float32(1)  # data read as 0, plus 1
+    assert stale.all() and (out[:64] == want[:64]).all()  # wave 0 retires data before flag

@@ -35,6 +35,7 @@ from .state import LANES, M64, Wave, Workgroup
 from .valu import decode_valu
 
 ARCH_LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
+STORE_VISIBILITY = ("immediate", "waitcnt")
 CODE_ADDRESS = 0x7F00_0000_0000  # where the emulated code lives (s_getpc_b64)
 
 # mnemonic prefix -> (instruction class, decoder); the first matching prefix wins.
@@ -115,6 +116,30 @@ class DecodeContext:
     def progress(self) -> None:
         self.machine._progress = True
 
+    def store(self, w, write, *args) -> None:
+        """Issue a global/buffer store: performed at once, or with
+        store_visibility="waitcnt" queued until the storing wave's s_waitcnt vmcnt
+        or s_endpgm retires it (other waves keep reading the old bytes until then)."""
+        if self.machine.store_visibility == "immediate":
+            write(*args)
+            self.progress()
+        else:
+            w.pending_stores.append((write, args))
+
+    def before_load(self, w) -> None:
+        """A wave sees its own earlier stores: retire them before it reads memory."""
+        if w.pending_stores:
+            self.retire(w, 0)
+
+    def retire(self, w, keep: int) -> None:
+        """Perform the wave's queued stores, oldest first, until `keep` remain."""
+        pending = w.pending_stores
+        if len(pending) > keep:
+            while len(pending) > keep:
+                write, args = pending.popleft()
+                write(*args)
+            self.progress()
+
     def clock(self) -> int:
         return self.machine._clock
 
@@ -122,9 +147,18 @@ class DecodeContext:
 class Machine:
     """A gfx942/gfx950 device with no GPU: map host buffers, launch kernels from asm text."""
 
-    def __init__(self, arch: str, *, quantum: int = 256, stall_rounds: int = 2000, trace=None):
-        """`trace(wave, instruction)`, if given, is called after every executed
+    def __init__(self, arch: str, *, quantum: int = 256, stall_rounds: int = 2000,
+                 store_visibility: str = "immediate", trace=None):
+        """`store_visibility`: "immediate" (a store is visible to every wave at once)
+        or "waitcnt" (it becomes visible when the storing wave's s_waitcnt vmcnt(N)
+        or s_endpgm retires it: a kernel that publishes a flag without waiting for
+        its data stores then reads stale data, as it may on the GPU).
+        `trace(wave, instruction)`, if given, is called after every executed
         instruction (a debugging aid: it makes the launch several times slower)."""
+        if store_visibility not in STORE_VISIBILITY:
+            raise EmulatorError(f"store_visibility: expected one of {STORE_VISIBILITY}, "
+                                f"got {store_visibility!r}")
+        self.store_visibility = store_visibility
         if arch not in ARCH_LDS_BYTES:
             raise EmulatorError(f"arch: expected one of {tuple(ARCH_LDS_BYTES)}, got {arch!r}")
         self.arch = arch
@@ -315,7 +349,12 @@ def decode(ins, ctx):
 
 def decode_control(ins, ctx):
     name = ins.mnemonic
-    if name in ("s_waitcnt", "s_nop", "s_setprio", "s_icache_inv"):
+    if name == "s_waitcnt":
+        keep = _vmcnt(ins)
+        if keep is None:
+            return lambda w: None
+        return lambda w: ctx.retire(w, keep) if w.pending_stores else None
+    if name in ("s_nop", "s_setprio", "s_icache_inv"):
         return lambda w: None
     if name == "s_sleep":
         rounds = int(ins.operands[0], 0) if ins.operands else 0
@@ -329,12 +368,24 @@ def decode_control(ins, ctx):
         return lambda w: _arrive(w, ctx)
     if name == "s_endpgm":
         def end(w):
+            ctx.retire(w, 0)
             w.done = True
             ctx.progress()
             _release_if_complete(w.group, ctx)
             return "end"
         return end
     raise UnsupportedInstruction(f"{name} not implemented ({ins.where()})")
+
+
+def _vmcnt(ins) -> int | None:
+    """The vmcnt an s_waitcnt waits for (None: it does not wait on vector memory)."""
+    for token in ins.operands:
+        if token.startswith("vmcnt("):
+            return int(token[6:-1])
+        if token[0].isdigit():  # the raw gfx9 immediate: vmcnt = bits 3:0 | 15:14 << 4
+            value = int(token, 0)
+            return (value & 0xF) | ((value >> 14) & 3) << 4
+    return None
 
 
 def _arrive(w, ctx):

@@ -58,7 +58,7 @@ def active(w, lanes):
 def read_rows(w, row: int, count: int) -> np.ndarray:
     """uint32 [active lanes, count] of registers row..row+count-1."""
     rows = w.r[row:row + count] if w.full else w.r[row:row + count, w.mask]
-    return np.ascontiguousarray(rows.T)
+    return rows.T.copy()  # a copy: queued stores must not see later register writes
 
 
 def write_rows(w, row: int, values: np.ndarray) -> None:
@@ -133,14 +133,14 @@ def decode_global(ins, ctx):
         def load(w):
             if w.exec:
                 counter[0] += 1
+                ctx.before_load(w)
                 load_lanes(w, row, memory.read(address(w), size, who(w, ins)), kind)
         return load
 
     def store(w):
         if w.exec:
             counter[0] += 1
-            memory.write(address(w), store_bytes(w, row, size, kind), who(w, ins))
-            ctx.progress()
+            ctx.store(w, memory.write, address(w), store_bytes(w, row, size, kind), who(w, ins))
     return store
 
 
@@ -194,6 +194,7 @@ def _global_atomic(ins, ctx, name, offset, segment):
         if not w.exec:
             return
         counter[0] += 1
+        ctx.before_load(w)
         data = read_rows(w, data_row, per_value * values).view(dtype)
         old = memory.atomic(address(w), dtype, update, [data[:, i] for i in range(values)], who(w, ins))
         if returns:
@@ -264,6 +265,7 @@ def decode_buffer(ins, ctx):
             if not w.exec:
                 return
             counter[0] += 1
+            ctx.before_load(w)
             addresses, in_range = locate(w, element, count)
             if in_range is None:
                 load_lanes(w, row, memory.read(addresses, size, who(w, ins)), kind)
@@ -280,12 +282,11 @@ def decode_buffer(ins, ctx):
         counter[0] += 1
         addresses, in_range = locate(w, element, count)
         if in_range is None:
-            memory.write(addresses, store_bytes(w, row, size, kind), who(w, ins))
+            ctx.store(w, memory.write, addresses, store_bytes(w, row, size, kind), who(w, ins))
         else:
             data = store_bytes(w, row, size, kind).reshape(addresses.shape + (element,))
             if in_range.any():
-                memory.write(addresses[in_range], data[in_range], who(w, ins))
-        ctx.progress()
+                ctx.store(w, memory.write, addresses[in_range], data[in_range], who(w, ins))
     return store
 
 
@@ -301,6 +302,7 @@ def _buffer_atomic(ins, ctx, name, data_op, locate, counter):
         if not w.exec:
             return
         counter[0] += 1
+        ctx.before_load(w)
         addresses, in_range = locate(w, dtype.itemsize, 1)
         if in_range is None:
             in_range = np.ones(addresses.size, bool)

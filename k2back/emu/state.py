@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
 LANES = 64
@@ -32,7 +34,7 @@ class Wave:
 
     __slots__ = (
         "s", "r", "f", "i", "scc", "exec", "mask", "full", "pc", "group", "index", "done",
-        "waiting", "polls", "sleep_rounds",
+        "waiting", "polls", "sleep_rounds", "pending_stores",
     )
 
     def __init__(self, group, index: int, vector_registers: int):
@@ -48,6 +50,7 @@ class Wave:
         self.waiting = False  # at a barrier
         self.polls = 0  # s_sleep executions
         self.sleep_rounds = 0
+        self.pending_stores = collections.deque()  # issued, not yet performed (delayed mode)
         self.set_exec(M64)
 
     def set_exec(self, value: int) -> None:
