@@ -4,8 +4,11 @@ Scheduling: every workgroup of a launch is resident. Waves run round-robin in
 quanta of `quantum` instructions, workgroups in `order`. A wave gives up the
 rest of its quantum at `s_sleep N` (and then sits out N rounds), at
 `s_barrier` (until every live wave of its workgroup arrived) and at
-`s_endpgm`. Memory effects are immediate and globally visible (loads and
-stores complete in program order), so `s_waitcnt` only counts.
+`s_endpgm`. Loads and atomics take effect when issued. Stores too by default;
+with `store_visibility="waitcnt"` a global store waits in its wave's queue until
+that wave's `s_waitcnt vmcnt(N)` (all but the N newest retire) or `s_endpgm`, or
+until the wave itself reads memory (it sees its own stores), so data published
+without waiting for its stores is read stale by other waves, as on the GPU.
 
 Deadlock: progress is a global/LDS write or atomic, a barrier release, a wave
 ending, or a wave using a whole quantum without sleeping. After `stall_rounds`
