@@ -71,7 +71,7 @@ def recording(monkeypatch):
 def echo_kernel(arch="gfx942"):
     asm = llvm.emit_assembly(echo_ir(), arch)
     return SimpleNamespace(name="k2_echo", arch=arch, asm=asm, hsaco=b"\x7fELF-image",
-                           metadata=asm_metadata(asm))
+                           metadata=asm_metadata(asm), key=f"echo-{arch}")
 
 
 def small_tensors(seed=0):

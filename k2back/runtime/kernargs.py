@@ -13,6 +13,7 @@ runtime, so it needs them from us, and packing them identically keeps one path.
 from __future__ import annotations
 
 import math
+import operator
 import struct
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -77,25 +78,24 @@ class KernargError(ValueError):
 
 
 def _encode_int(name: str, value, size: int) -> bytes:
-    if isinstance(value, bool) or not isinstance(value, int):
-        try:
-            value = int(value.__index__())
-        except (AttributeError, TypeError):
-            raise KernargError(
-                f"kernarg {name!r}: expected an integer, got {type(value).__name__} {value!r}"
-            ) from None
-    bits = 8 * size
-    # signed or unsigned both fit: i32 -1 and a 0xffffffff mask pack the same
-    if not -(1 << (bits - 1)) <= value < (1 << bits):
-        raise KernargError(f"kernarg {name!r}: {value} does not fit in {bits} bits")
-    return (value & ((1 << bits) - 1)).to_bytes(size, "little")
+    if isinstance(value, bool):
+        raise KernargError(f"kernarg {name!r}: expected an integer, got bool {value!r}")
+    try:
+        # signed or unsigned both fit: i32 -1 and a 0xffffffff mask pack the same
+        return operator.index(value).to_bytes(size, "little", signed=value < 0)
+    except TypeError:
+        raise KernargError(
+            f"kernarg {name!r}: expected an integer, got {type(value).__name__} {value!r}"
+        ) from None
+    except OverflowError:
+        raise KernargError(f"kernarg {name!r}: {value} does not fit in {8 * size} bits") from None
 
 
 def _encode_float(name: str, value, size: int) -> bytes:
-    if size not in _FLOAT_FORMATS:
-        raise KernargError(f"kernarg {name!r}: no float type of {size} bytes")
     try:
         return struct.pack(_FLOAT_FORMATS[size], float(value))
+    except KeyError:
+        raise KernargError(f"kernarg {name!r}: no float type of {size} bytes") from None
     except (TypeError, ValueError):
         raise KernargError(
             f"kernarg {name!r}: expected a number, got {type(value).__name__} {value!r}"
@@ -105,9 +105,10 @@ def _encode_float(name: str, value, size: int) -> bytes:
 _ENCODERS = {int: _encode_int, float: _encode_float}
 
 
-def _check_signature(explicit: list, signature: Iterable[KernelArg]) -> dict[str, type]:
-    """The code object's explicit arguments must be the signature's, in order
-    and size: a kernel built from another signature would read garbage."""
+def _signature_kinds(explicit: list, signature: Iterable[KernelArg]) -> list[type]:
+    """The number kind of each explicit argument. The code object's arguments
+    must be the signature's, in order and size: a kernel built from another
+    signature would read garbage."""
     signature = tuple(signature)
     got = [a.name for a in explicit]
     want = [a.name for a in signature]
@@ -115,7 +116,7 @@ def _check_signature(explicit: list, signature: Iterable[KernelArg]) -> dict[str
         raise KernargError(
             f"kernel arguments: the code object declares {got}, the signature {want}"
         )
-    kinds = {}
+    kinds = []
     for meta, arg in zip(explicit, signature):
         size, value_kind, number = _LLVM_TYPES[arg.llvm_type]
         if (meta.size, meta.value_kind) != (size, value_kind):
@@ -123,48 +124,58 @@ def _check_signature(explicit: list, signature: Iterable[KernelArg]) -> dict[str
                 f"kernarg {arg.name!r}: the signature says {arg.llvm_type} "
                 f"({size} B, {value_kind}), the code object {meta.size} B, {meta.value_kind}"
             )
-        kinds[arg.name] = number
+        kinds.append(number)
     return kinds
+
+
+class KernargLayout:
+    """Where every argument of one code object goes, checked once; `pack` per launch.
+
+    With `signature` (the K2 kernel's KERNEL_ARGS) the code object must
+    declare exactly its arguments and each is encoded by its LLVM type;
+    without one (hand-written test kernels) a float value packs as an IEEE
+    float and an int as a little-endian integer of the argument's size.
+    """
+
+    def __init__(self, metadata, signature: Iterable[KernelArg] | None = None):
+        self.kernel = metadata.name
+        self.size = metadata.kernarg_size
+        for arg in metadata.args:
+            if arg.offset + arg.size > self.size or arg.offset % math.gcd(arg.size, 8):
+                raise KernargError(
+                    f"kernarg {arg.name or arg.value_kind!r}: offset {arg.offset}, size "
+                    f"{arg.size} outside or misaligned in a {self.size}-byte segment")
+            hidden = arg.value_kind.startswith("hidden_")
+            if hidden and arg.value_kind not in (*HIDDEN_FROM_LAUNCH, *HIDDEN_RUNTIME_OWNED):
+                raise KernargError(f"kernel {self.kernel!r}: unknown hidden argument "
+                                   f"{arg.value_kind!r} (offset {arg.offset})")
+        explicit = [a for a in metadata.args if not a.value_kind.startswith("hidden_")]
+        kinds = (_signature_kinds(explicit, signature) if signature is not None
+                 else [None] * len(explicit))  # None: the value's own type decides
+        self.explicit = tuple((a.name, a.offset, a.size, kind) for a, kind in zip(explicit, kinds))
+        self.names = frozenset(a.name for a in explicit)
+        self.hidden = tuple((a.value_kind, a.offset, a.size) for a in metadata.args
+                            if a.value_kind in HIDDEN_FROM_LAUNCH)
+
+    def pack(self, values: Mapping[str, object], dims: LaunchDims) -> bytes:
+        """The kernarg segment of one launch; `values` holds every explicit
+        argument by name (pointers as device addresses)."""
+        if values.keys() != self.names:
+            missing = [name for name, *_ in self.explicit if name not in values]
+            raise KernargError(
+                f"kernel {self.kernel!r}: missing values for {missing}, unknown arguments "
+                f"{sorted(set(values) - self.names)}; it declares {[e[0] for e in self.explicit]}")
+        segment = bytearray(self.size)
+        for name, offset, size, kind in self.explicit:
+            value = values[name]
+            encode = _ENCODERS[kind or (float if isinstance(value, float) else int)]
+            segment[offset:offset + size] = encode(name, value, size)
+        for kind, offset, size in self.hidden:
+            segment[offset:offset + size] = _encode_int(kind, HIDDEN_FROM_LAUNCH[kind](dims), size)
+        return bytes(segment)
 
 
 def pack_kernargs(metadata, values: Mapping[str, object], dims: LaunchDims,
                   signature: Iterable[KernelArg] | None = None) -> bytes:
-    """The kernarg segment of one launch: `metadata.kernarg_size` bytes.
-
-    `values` holds every explicit argument by name (pointers as device
-    addresses). With `signature` (the K2 kernel's KERNEL_ARGS) the code object
-    must declare exactly its arguments and each is encoded by its LLVM type;
-    without one (hand-written test kernels) a float value packs as an IEEE
-    float and an int as a little-endian integer of the argument's size.
-    """
-    explicit = [a for a in metadata.args if not a.value_kind.startswith("hidden_")]
-    names = {a.name for a in explicit}
-    missing = [a.name for a in explicit if a.name not in values]
-    unknown = sorted(set(values) - names)
-    if missing or unknown:
-        raise KernargError(
-            f"kernel {metadata.name!r}: missing values for {missing}, "
-            f"unknown arguments {unknown}; it declares {[a.name for a in explicit]}"
-        )
-    kinds = _check_signature(explicit, signature) if signature is not None else {
-        a.name: float if isinstance(values[a.name], float) else int for a in explicit
-    }
-
-    segment = bytearray(metadata.kernarg_size)
-    for arg in metadata.args:
-        if arg.offset + arg.size > len(segment) or arg.offset % math.gcd(arg.size, 8):
-            raise KernargError(
-                f"kernarg {arg.name or arg.value_kind!r}: offset {arg.offset}, size {arg.size} "
-                f"outside or misaligned in a {len(segment)}-byte segment"
-            )
-        if arg.value_kind in HIDDEN_FROM_LAUNCH:
-            data = _encode_int(arg.value_kind, HIDDEN_FROM_LAUNCH[arg.value_kind](dims), arg.size)
-        elif arg.value_kind in HIDDEN_RUNTIME_OWNED:
-            continue
-        elif arg.value_kind.startswith("hidden_"):
-            raise KernargError(f"kernel {metadata.name!r}: unknown hidden argument "
-                               f"{arg.value_kind!r} (offset {arg.offset})")
-        else:
-            data = _ENCODERS[kinds[arg.name]](arg.name, values[arg.name], arg.size)
-        segment[arg.offset:arg.offset + arg.size] = data
-    return bytes(segment)
+    """The kernarg segment of one launch: `metadata.kernarg_size` bytes (see KernargLayout)."""
+    return KernargLayout(metadata, signature).pack(values, dims)

@@ -14,7 +14,7 @@ import torch
 
 from k2back.codegen.signature import KERNEL_ARGS
 from k2back.model import geometry
-from k2back.runtime.kernargs import LaunchDims, pack_kernargs
+from k2back.runtime.kernargs import KernargLayout, LaunchDims
 
 # The paged KV caches: each one's pointer, records per page, page stride and
 # real byte extent (the buffer resource's size: reads past it return 0).
@@ -67,8 +67,14 @@ def new_scratch(spec, device) -> torch.Tensor:
     return torch.zeros(spec.scratch_bytes, dtype=torch.uint8, device=device)
 
 
+_LAYOUTS: dict[str, KernargLayout] = {}  # build key -> the checked layout of its code object
+
+
 def kernargs(kernel, spec, tensors: Mapping[str, object], scratch_address: int,
              address_of: Callable[[torch.Tensor, str], int], qk_scale: float | None = None) -> bytes:
-    """The kernarg segment of one launch of the K2 kernel, for either backend."""
+    """The kernarg segment of one launch of the K2 kernel, for either backend
+    (the layout is checked against the signature once a build, not every call)."""
+    if kernel.key not in _LAYOUTS:
+        _LAYOUTS[kernel.key] = KernargLayout(kernel.metadata, KERNEL_ARGS)
     values = kernel_arguments(spec, tensors, scratch_address, address_of, qk_scale)
-    return pack_kernargs(kernel.metadata, values, launch_dims(spec), KERNEL_ARGS)
+    return _LAYOUTS[kernel.key].pack(values, launch_dims(spec))
