@@ -44,3 +44,94 @@ def test_saxpy_partial_grid(arch):
     assert (stats.bytes_written["x"], stats.bytes_written["y"]) == (0, 4 * n)
     assert stats.instructions["vmem_load"] == 2 * 4 * 4  # 2 loads x 16 waves, the last one partial
     assert stats.waves == 16 and stats.workgroups == 4
+
+
+# Uniform integer arithmetic: LLVM selects scalar ALU ops (carry chains, 32x32
+# high products, shifts, bit counts, bit fields, selects) and the udiv/urem
+# expansion; checked against Python integers.
+SCALAR_OPS = module("""
+define amdgpu_kernel void @scalar_ops(ptr addrspace(1) %out, i64 %a, i64 %b, i32 %c, i32 %d) #0 {
+  %dm = and i32 %d, 31
+  %d64 = zext i32 %dm to i64
+  %r0 = add i64 %a, %b
+  %r1 = sub i64 %a, %b
+  %r2 = mul i64 %a, %b
+  %s3 = ashr i32 %c, %dm
+  %r3 = sext i32 %s3 to i64
+  %r4 = lshr i64 %a, %d64
+  %r5 = shl i64 %a, %d64
+  %s6 = call i32 @llvm.smin.i32(i32 %c, i32 %d)
+  %r6 = sext i32 %s6 to i64
+  %s7 = call i32 @llvm.umax.i32(i32 %c, i32 %d)
+  %r7 = zext i32 %s7 to i64
+  %r8 = call i64 @llvm.ctpop.i64(i64 %a)
+  %s9 = call i32 @llvm.cttz.i32(i32 %c, i1 false)
+  %r9 = zext i32 %s9 to i64
+  %s10 = call i32 @llvm.ctlz.i32(i32 %c, i1 false)
+  %r10 = zext i32 %s10 to i64
+  %s11 = call i32 @llvm.bitreverse.i32(i32 %c)
+  %r11 = zext i32 %s11 to i64
+  %f12 = lshr i32 %c, 5
+  %s12 = and i32 %f12, 1023
+  %r12 = zext i32 %s12 to i64
+  %f13 = shl i32 %c, 7
+  %s13 = ashr i32 %f13, 20
+  %r13 = sext i32 %s13 to i64
+  %lt = icmp slt i32 %c, %d
+  %r14 = select i1 %lt, i64 %a, i64 %b
+  %s15 = mul i32 %c, %d
+  %r15 = zext i32 %s15 to i64
+  %cx = sext i32 %c to i64
+  %dx = sext i32 %d to i64
+  %prod = mul i64 %cx, %dx
+  %r16 = ashr i64 %prod, 32
+  %dn = or i32 %d, 1
+  %s17 = udiv i32 %c, %dn
+  %r17 = zext i32 %s17 to i64
+  %s18 = urem i32 %c, %dn
+  %r18 = zext i32 %s18 to i64
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %first = icmp eq i32 %tid, 0
+  br i1 %first, label %write, label %done
+write:
+""" + "".join(f"""  %p{i} = getelementptr i64, ptr addrspace(1) %out, i32 {i}
+  store i64 %r{i}, ptr addrspace(1) %p{i}
+""" for i in range(19)) + """  br label %done
+done:
+  ret void
+}
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare i32 @llvm.smin.i32(i32, i32)
+declare i32 @llvm.umax.i32(i32, i32)
+declare i64 @llvm.ctpop.i64(i64)
+declare i32 @llvm.cttz.i32(i32, i1)
+declare i32 @llvm.ctlz.i32(i32, i1)
+declare i32 @llvm.bitreverse.i32(i32)
+""")
+
+
+def scalar_ops_reference(a: int, b: int, c: int, d: int) -> list[int]:
+    m64, m32 = 2**64 - 1, 2**32 - 1
+    sc, sd = (c ^ 2**31) - 2**31, (d ^ 2**31) - 2**31
+    dm = d & 31
+    cu = c & m32
+    return [
+        (a + b) & m64, (a - b) & m64, (a * b) & m64, (sc >> dm) & m64, a >> dm, (a << dm) & m64,
+        min(sc, sd) & m64, max(c, d), bin(a).count("1"), (cu & -cu).bit_length() - 1 if cu else 32,
+        32 - cu.bit_length(), int(f"{cu:032b}"[::-1], 2), (c >> 5) & 1023,
+        ((((c << 7) & m32) ^ 2**31) - 2**31 >> 20) & m64, a if sc < sd else b, (c * d) & m32,
+        ((sc * sd) >> 32) & m64, c // (d | 1), c % (d | 1),
+    ]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_scalar_integer_ops(arch):
+    g = rng(6)
+    for trial in range(4):
+        a, b = (int(v) for v in g.integers(0, 2**63, 2, dtype=np.uint64) * 2 + trial % 2)
+        c, d = (int(v) for v in g.integers(0, 2**32, 2, dtype=np.uint64))
+        if trial == 3:
+            c, d = 0, 0x80000000  # zero bit counts, the most negative i32
+        out = np.zeros(19, np.uint64)
+        run(SCALAR_OPS, arch, "scalar_ops", {"out": out, "a": a, "b": b, "c": c, "d": d})
+        assert out.tolist() == scalar_ops_reference(a, b, c, d), (trial, a, b, c, d)
