@@ -135,3 +135,36 @@ def test_scalar_integer_ops(arch):
         out = np.zeros(19, np.uint64)
         run(SCALAR_OPS, arch, "scalar_ops", {"out": out, "a": a, "b": b, "c": c, "d": d})
         assert out.tolist() == scalar_ops_reference(a, b, c, d), (trial, a, b, c, d)
+
+
+# The same arithmetic on per-lane values: LLVM selects the vector ALU forms.
+VECTOR_OPS = (SCALAR_OPS
+              .replace("@scalar_ops(ptr addrspace(1) %out, i64 %a, i64 %b, i32 %c, i32 %d) #0 {",
+                       """@vector_ops(ptr addrspace(1) %out, ptr addrspace(1) %ab, ptr addrspace(1) %cd) #0 {
+  %lane = call i32 @llvm.amdgcn.workitem.id.x()
+  %pab = getelementptr <2 x i64>, ptr addrspace(1) %ab, i32 %lane
+  %vab = load <2 x i64>, ptr addrspace(1) %pab
+  %a = extractelement <2 x i64> %vab, i32 0
+  %b = extractelement <2 x i64> %vab, i32 1
+  %pcd = getelementptr <2 x i32>, ptr addrspace(1) %cd, i32 %lane
+  %vcd = load <2 x i32>, ptr addrspace(1) %pcd
+  %c = extractelement <2 x i32> %vcd, i32 0
+  %d = extractelement <2 x i32> %vcd, i32 1
+  %row = mul i32 %lane, 19""")
+              .replace("  %first = icmp eq i32 %tid, 0\n  br i1 %first, label %write, label %done",
+                       "  br label %write")
+              .replace("getelementptr i64, ptr addrspace(1) %out, i32", "getelementptr i64, ptr addrspace(1) %outrow, i32")
+              .replace("write:\n", "write:\n  %outrow = getelementptr i64, ptr addrspace(1) %out, i32 %row\n"))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_vector_integer_ops(arch):
+    g = rng(7)
+    ab = g.integers(0, 2**64, (64, 2), dtype=np.uint64)
+    cd = g.integers(0, 2**32, (64, 2), dtype=np.uint64).astype(np.uint32)
+    cd[:4] = [[0, 0x80000000], [1, 31], [0xFFFFFFFF, 0], [12345, 0xFFFFFFFF]]
+    out = np.zeros((64, 19), np.uint64)
+    run(VECTOR_OPS, arch, "vector_ops", {"out": out, "ab": ab, "cd": cd})
+    for lane in range(64):
+        want = scalar_ops_reference(*(int(v) for v in ab[lane]), *(int(v) for v in cd[lane]))
+        assert out[lane].tolist() == want, lane
