@@ -209,3 +209,92 @@ def test_exp2_rcp_division_sqrt_and_rounding(arch):
     want_bf16 = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     np.testing.assert_array_equal(out[:, 4].view(np.uint32), want_bf16.astype(np.uint32))
     np.testing.assert_array_equal(out[:, 5], x.astype(np.float16).astype(np.float32))
+
+
+FLOAT_OPS = module("""
+define amdgpu_kernel void @float_ops(ptr addrspace(1) %x, ptr addrspace(1) %out) #0 {
+  %lane = call i32 @llvm.amdgcn.workitem.id.x()
+  %px = getelementptr <3 x float>, ptr addrspace(1) %x, i32 %lane
+  %v = load <3 x float>, ptr addrspace(1) %px
+  %a = extractelement <3 x float> %v, i32 0
+  %b = extractelement <3 x float> %v, i32 1
+  %c = extractelement <3 x float> %v, i32 2
+  %r0 = call float @llvm.fma.f32(float %a, float %b, float %c)
+  %r1 = call float @llvm.minnum.f32(float %a, float %b)
+  %r2 = call float @llvm.maxnum.f32(float %a, float %b)
+  %r3 = call float @llvm.floor.f32(float %a)
+  %r4 = call float @llvm.ceil.f32(float %a)
+  %r5 = call float @llvm.trunc.f32(float %a)
+  %r6 = call float @llvm.rint.f32(float %a)
+  %i7 = call i32 @llvm.fptosi.sat.i32.f32(float %a)
+  %r7 = bitcast i32 %i7 to float
+  %i8 = call i32 @llvm.fptoui.sat.i32.f32(float %b)
+  %r8 = bitcast i32 %i8 to float
+  %lt = fcmp ult float %a, %b
+  %r9 = select i1 %lt, float %c, float 2.0
+  %na = fneg float %a
+  %ab = call float @llvm.fabs.f32(float %b)
+  %r10 = fmul float %na, %ab
+  %h = fptrunc float %a to half
+  %hb = fptrunc float %b to half
+  %hs = fadd half %h, %hb
+  %r11 = fpext half %hs to float
+  %ad = fpext float %a to double
+  %bd = fpext float %b to double
+  %pd = fmul double %ad, %bd
+  %sd = fadd double %pd, 0x3FF0000000000001
+  %r12 = fptrunc double %sd to float
+  %fr = call { float, i32 } @llvm.frexp.f32.i32(float %c)
+  %r13 = extractvalue { float, i32 } %fr, 0
+  %e14 = extractvalue { float, i32 } %fr, 1
+  %r14 = sitofp i32 %e14 to float
+  %r15 = call float @llvm.ldexp.f32.i32(float %c, i32 %i7)
+""" + "".join(f"""  %p{i} = getelementptr float, ptr addrspace(1) %out, i32 {i * 64}
+  %q{i} = getelementptr float, ptr addrspace(1) %p{i}, i32 %lane
+  store float %r{i}, ptr addrspace(1) %q{i}
+""" for i in range(16)) + """  ret void
+}
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare float @llvm.fma.f32(float, float, float)
+declare float @llvm.minnum.f32(float, float)
+declare float @llvm.maxnum.f32(float, float)
+declare float @llvm.floor.f32(float)
+declare float @llvm.ceil.f32(float)
+declare float @llvm.trunc.f32(float)
+declare float @llvm.rint.f32(float)
+declare i32 @llvm.fptosi.sat.i32.f32(float)
+declare i32 @llvm.fptoui.sat.i32.f32(float)
+declare float @llvm.fabs.f32(float)
+declare { float, i32 } @llvm.frexp.f32.i32(float)
+declare float @llvm.ldexp.f32.i32(float, i32)
+""")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float_ops_against_numpy(arch):
+    g = rng(8)
+    # <3 x float> occupies 16 bytes in memory: a padded column
+    x = (g.standard_normal((64, 4)) * np.exp2(g.integers(-20, 20, (64, 4)))).astype(np.float32)
+    x[:8, 0] = [np.nan, np.inf, -np.inf, 3e9, -3e9, 2.5, -2.5, -0.0]
+    x[:8, 1] = [1.0, np.nan, 5e9, -1.0, 0.5, np.nan, 1e-42, 0.0]
+    x[:4, 2] = [0.0, 1e-40, -np.inf, 3.0]
+    out = np.zeros((16, 64), np.float32)
+    run(FLOAT_OPS, arch, "float_ops", {"x": x, "out": out})
+    a, b, c = x[:, :3].T
+    a64, b64, c64 = (v.astype(np.float64) for v in (a, b, c))
+    with np.errstate(all="ignore"):
+        mant, expo = np.frexp(c)
+        want = [
+            (a64 * b64 + c64).astype(np.float32), np.fmin(a, b), np.fmax(a, b), np.floor(a),
+            np.ceil(a), np.trunc(a), np.rint(a),
+            np.where(np.isnan(a), 0, np.clip(np.trunc(a64), -2**31, 2**31 - 1)).astype(np.int32).view(np.float32),
+            np.where(np.isnan(b), 0, np.clip(np.trunc(b64), 0, 2**32 - 1)).astype(np.uint32).view(np.float32),
+            np.where(~(a >= b), c, np.float32(2)), -a * np.abs(b),
+            (a.astype(np.float16) + b.astype(np.float16)).astype(np.float32),
+            (a64 * b64 + (1 + 2.0**-52)).astype(np.float32),
+            np.where(np.isfinite(c), mant, c).astype(np.float32),
+            np.where(np.isfinite(c), expo, 0).astype(np.float32),
+            np.ldexp(c64, np.clip(np.nan_to_num(np.trunc(a64)), -1100, 1100).astype(np.int32)).astype(np.float32),
+        ]
+    for i, expected in enumerate(want):
+        np.testing.assert_array_equal(out[i], expected, err_msg=f"result {i}")
