@@ -75,7 +75,16 @@ ARCH_TARGETS: dict[str, ArchTarget] = {
 }
 
 # Chunk sizes the split stage supports: one to eight waves of 16 keys.
-CHUNK_KEYS = (16, 32, 64, 128)
+CHUNK_KEYS = (32, 64, 128)
+# A key tile's record pieces split among the waves that share it (chunks of
+# fewer than 128 keys leave 8 / key_tiles waves a tile): each part loads,
+# dequantizes and scores its pieces, so every wave works. Balanced in MFMAs
+# (a nope piece is 16 dims a lane, a rope piece 8).
+PART_PIECES = {
+    1: (("n0", "n1", "n2", "n3", "n4", "n5", "n6", "r0", "r1"),),
+    2: (("n0", "n1", "n2", "n3"), ("n4", "n5", "n6", "r0", "r1")),
+    4: (("n0", "n1"), ("n2", "n3"), ("n4", "n5"), ("n6", "r0", "r1")),
+}
 MAX_CHUNKS = WAVE  # combine reads a token's chunk stats a lane a chunk
 MIN_SPLIT_TASKS = 8
 RATIOS = (0, 1, 2)
@@ -91,8 +100,10 @@ class AttentionPlan:
         no comp_cache: compressed entries are treated as invalid)
       chunk_keys (CK), nchunk = ceil(keys / CK)
       split_tasks = S·nchunk, combine_tasks = S·H/8
-      key_tiles = CK/16: split waves 0 .. key_tiles-1 load and score key tile w
-        (keys c·CK + 16w ..); every wave then does the PV of dims 64w .. 64w+63
+      key_tiles = CK/16, key_parts = 8/key_tiles: wave w scores key tile
+        w % key_tiles (keys c·CK + 16·tile ..) over the record pieces
+        part_pieces[w // key_tiles]; part 0 sums the parts' dots and does the
+        softmax; every wave then does the PV of dims 64w .. 64w+63
       head_tiles = ceil(H/16): QK runs once a head tile, q of one tile in LDS
       mfma_k: bf16 elements a lane supplies an MFMA (4 on gfx942, 8 on gfx950)
       lds: member -> (offset, bytes) of the split stage (combine needs none):
@@ -102,6 +113,9 @@ class AttentionPlan:
         raw   the chunk's records as loaded, RAW_STRIDE bytes a key
         smax  f32 [key_tiles, 16·head_tiles] per-wave max of each head
         ssum  f32 [key_tiles, 16·head_tiles] per-wave Σ p of each head
+        dots  f32 [key_parts - 1, key_tiles, head_tiles, 64 lanes, 4] the
+              other parts' partial scores (aliases q too: written after the
+              last QK, read before p is written)
       lds_bytes: end of the last member
       scratch: region -> bytes (layouts in the module docstring)
     """
@@ -132,6 +146,29 @@ class AttentionPlan:
     record_pieces = RECORD_PIECES
 
     @property
+    def key_parts(self) -> int:
+        return WAVES // self.key_tiles
+
+    @property
+    def part_pieces(self) -> tuple[tuple[str, ...], ...]:
+        return PART_PIECES[self.key_parts]
+
+    @property
+    def piece_part(self) -> dict[str, int]:
+        """Record piece -> the part (of a key tile's waves) that loads it."""
+        return {name: part for part, names in enumerate(self.part_pieces) for name in names}
+
+    @property
+    def scale_word_parts(self) -> tuple[tuple[int, ...], ...]:
+        """Per 4-byte word of a record's scale bytes (codes of nope pieces
+        4w .. 4w+3): the parts that need it for their dequantization."""
+        words = []
+        for word in range(KV_SCALE_BYTES // 4):
+            codes = {f"n{j}" for j in range(4 * word, 4 * word + 4)}
+            words.append(tuple(p for p, names in enumerate(self.part_pieces) if codes & set(names)))
+        return tuple(words)
+
+    @property
     def p_row(self) -> int:
         return 2 * self.chunk_keys + P_PAD
 
@@ -146,9 +183,11 @@ class AttentionPlan:
 
 def _lds_members(heads_padded: int, key_tiles: int, chunk_keys: int) -> dict[str, tuple[int, int]]:
     p_bytes = heads_padded * (2 * chunk_keys + P_PAD)
+    dots_bytes = (WAVES // key_tiles - 1) * key_tiles * heads_padded // HEAD_TILE * WAVE * 16
     sizes = {
-        # q is dead once the last QK has read it: p takes its place
-        "q": max(HEAD_TILE * Q_ROW, p_bytes),
+        # q is dead once the last QK has read it: the parts' dots, then p,
+        # take its place
+        "q": max(HEAD_TILE * Q_ROW, p_bytes, dots_bytes),
         "raw": chunk_keys * RAW_STRIDE,
         "smax": 4 * key_tiles * heads_padded,
         "ssum": 4 * key_tiles * heads_padded,
@@ -158,6 +197,7 @@ def _lds_members(heads_padded: int, key_tiles: int, chunk_keys: int) -> dict[str
         members[name] = (offset, size)
         offset += -(-size // 16) * 16
     members["p"] = (members["q"][0], p_bytes)
+    members["dots"] = (members["q"][0], dots_bytes)
     return members
 
 
