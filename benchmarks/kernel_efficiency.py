@@ -40,9 +40,8 @@ def emulate(spec, kernel, inputs: dict):
     machine = Machine(spec.arch)
     scratch = launch.new_scratch(spec, "cpu")
     tensors = {**inputs, "out": torch.zeros(spec.tokens, spec.hidden, dtype=torch.bfloat16)}
-    names = {id(t): n for n, t in tensors.items() if isinstance(t, torch.Tensor)}
     segment = launch.kernargs(kernel, spec, tensors, machine.map(scratch, "scratch"),
-                              lambda t: machine.map(t, names[id(t)]), inputs["qk_scale"])
+                              machine.map, inputs["qk_scale"])
     dims = launch.launch_dims(spec)
     return machine.launch(kernel.asm, kernel.name, grid=dims.grid, block=dims.block,
                           kernargs=segment)

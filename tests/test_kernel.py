@@ -210,7 +210,8 @@ def first(lines, pattern) -> int:
                                                   ("v4.1-flash", 1, 16)])
 def test_gemv_code_object(arch, geometry, tp, tokens):
     """No scratch or spills, LDS within budget, 512 threads; each GEMV's weights
-    with 16-B streaming loads, all issued before the stage's first flag poll."""
+    with 16-B streaming loads and their codes with scalar loads, all issued
+    before the stage's first flag poll."""
     for stages in (GEMV, ("wo_b",)):
         spec, kernel = build(geometry, tp, tokens, 2, arch, stages)
         meta = kernel.metadata
@@ -224,6 +225,8 @@ def test_gemv_code_object(arch, geometry, tp, tokens):
         poll = first(lines, r"s_sleep")
         batch = st.per_cta if st.batch else 1
         assert sum(i < poll for i in weight_loads) == batch * st.row_tiles * st.k_steps
+        # their block codes: scalar loads at a register offset (kernargs: immediate)
+        assert first(lines, r"^s_load_dword\w* s[\[\d:\]]+, s\[\d+:\d+\], s\d+") < poll
         assert any(ln.startswith("v_mfma_f32_16x16x16") for ln in lines)
 
 
