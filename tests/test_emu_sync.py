@@ -177,7 +177,7 @@ def test_store_visibility_waitcnt_mode(arch, order):
         arrays = {"x": x, "data": np.zeros(256, np.float32), "flag": np.zeros(1, np.int32),
                   "out": np.zeros(256, np.float32)}
         run(ir, arch, "handoff", arrays, grid=(2,), block=(256,), order=order,
-            machine=Machine(arch, store_visibility=visibility))
+            machine=Machine(arch, store_visibility=visibility))  # explicit: "waitcnt" is the default
         return arrays["out"], x * np.float32(3) + np.float32(1)
 
     out, want = launch(HANDOFF, "waitcnt")  # the correct release still works

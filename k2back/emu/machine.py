@@ -4,11 +4,12 @@ Scheduling: every workgroup of a launch is resident. Waves run round-robin in
 quanta of `quantum` instructions, workgroups in `order`. A wave gives up the
 rest of its quantum at `s_sleep N` (and then sits out N rounds), at
 `s_barrier` (until every live wave of its workgroup arrived) and at
-`s_endpgm`. Loads and atomics take effect when issued. Stores too by default;
-with `store_visibility="waitcnt"` a global store waits in its wave's queue until
+`s_endpgm`. Loads and atomics take effect when issued. With the default
+`store_visibility="waitcnt"` a global store waits in its wave's queue until
 that wave's `s_waitcnt vmcnt(N)` (all but the N newest retire) or `s_endpgm`, or
 until the wave itself reads memory (it sees its own stores), so data published
-without waiting for its stores is read stale by other waves, as on the GPU.
+without waiting for its stores is read stale by other waves, as on the GPU;
+`store_visibility="immediate"` makes every store visible at once.
 
 Deadlock: progress is a global/LDS write or atomic, a barrier release, a wave
 ending, or a wave using a whole quantum without sleeping. After `stall_rounds`
@@ -151,11 +152,11 @@ class Machine:
     """A gfx942/gfx950 device with no GPU: map host buffers, launch kernels from asm text."""
 
     def __init__(self, arch: str, *, quantum: int = 256, stall_rounds: int = 2000,
-                 store_visibility: str = "immediate", trace=None):
-        """`store_visibility`: "immediate" (a store is visible to every wave at once)
-        or "waitcnt" (it becomes visible when the storing wave's s_waitcnt vmcnt(N)
-        or s_endpgm retires it: a kernel that publishes a flag without waiting for
-        its data stores then reads stale data, as it may on the GPU).
+                 store_visibility: str = "waitcnt", trace=None):
+        """`store_visibility`: "waitcnt" (a global store becomes visible to other
+        waves when the storing wave's s_waitcnt vmcnt(N) or s_endpgm retires it: a
+        kernel that publishes a flag without waiting for its data stores then reads
+        stale data, as it may on the GPU) or "immediate" (visible at once).
         `trace(wave, instruction)`, if given, is called after every executed
         instruction (a debugging aid: it makes the launch several times slower)."""
         if store_visibility not in STORE_VISIBILITY:
