@@ -165,40 +165,50 @@ def _global_address(ins, ctx, segment, operands, offset):
     return address_sbase
 
 
-def _atomic_kind(name: str, ins) -> tuple[str, np.dtype]:
-    """'add_f32' / 'smax_x2' / 'cmpswap' -> (ATOMICS key, element dtype)."""
-    wide = name.endswith("_x2")
-    name = name.removesuffix("_x2")
-    op, _, kind = name.partition("_")
-    if kind in ("f32", "f64"):
-        return op, np.dtype(ATOMIC_TYPES[kind])
-    if kind or op not in ATOMICS:
-        raise UnsupportedInstruction(f"{ins.mnemonic} not implemented ({ins.where()})")
-    signed = op in ("smin", "smax")
-    return op, np.dtype((np.int64 if signed else np.uint64) if wide else (np.int32 if signed else np.uint32))
+class AtomicForm:
+    """One atomic op on elements of `dtype`: `values` source values a lane (2 for
+    compare-swap), each `words` registers wide."""
+
+    def __init__(self, name: str, ins):
+        wide = name.endswith("_x2")  # 'add_f32' / 'smax_x2' / 'cmpswap'
+        op, _, kind = name.removesuffix("_x2").partition("_")
+        if kind in ("f32", "f64"):
+            dtype = ATOMIC_TYPES[kind]
+        elif kind or op not in ATOMICS:
+            raise UnsupportedInstruction(f"{ins.mnemonic} not implemented ({ins.where()})")
+        else:
+            signed = op in ("smin", "smax")
+            dtype = (np.int64 if signed else np.uint64) if wide else (np.int32 if signed else np.uint32)
+        self.update, self.dtype = ATOMICS[op], np.dtype(dtype)
+        self.values = 2 if op == "cmpswap" else 1
+        self.words = self.dtype.itemsize // 4
+
+    def sources(self, w, row: int) -> list[np.ndarray]:
+        data = read_rows(w, row, self.words * self.values).view(self.dtype)
+        return [data[:, i] for i in range(self.values)]
+
+    def returned(self, old: np.ndarray) -> np.ndarray:
+        return old.view(U32).reshape(-1, self.words)
 
 
 def _global_atomic(ins, ctx, name, offset, segment):
-    op, dtype = _atomic_kind(name, ins)
+    form = AtomicForm(name, ins)
     returns = len(ins.operands) == (4 if segment == "global" else 3)
     operands = ins.operands[1:] if returns else ins.operands
     address = _global_address(ins, ctx, segment, (operands[0], *operands[2:]), offset)
-    per_value = dtype.itemsize // 4
-    values = 2 if op == "cmpswap" else 1
-    data_row = ctx.vector_row(ctx.operand(operands[1], ins), per_value * values, ins)
-    dst_row = ctx.vector_row(ctx.operand(ins.operands[0], ins), per_value, ins) if returns else None
+    data_row = ctx.vector_row(ctx.operand(operands[1], ins), form.words * form.values, ins)
+    dst_row = ctx.vector_row(ctx.operand(ins.operands[0], ins), form.words, ins) if returns else None
     counter, _ = _note_cache_policy(ctx, ins, f"{segment} atomic")
-    update, memory = ATOMICS[op], ctx.memory
+    memory = ctx.memory
 
     def atomic(w):
         if not w.exec:
             return
         counter[0] += 1
         ctx.before_load(w)
-        data = read_rows(w, data_row, per_value * values).view(dtype)
-        old = memory.atomic(address(w), dtype, update, [data[:, i] for i in range(values)], who(w, ins))
+        old = memory.atomic(address(w), form.dtype, form.update, form.sources(w, data_row), who(w, ins))
         if returns:
-            write_rows(w, dst_row, old.view(U32).reshape(-1, per_value))
+            write_rows(w, dst_row, form.returned(old))
         ctx.progress()
     return atomic
 
@@ -291,30 +301,27 @@ def decode_buffer(ins, ctx):
 
 
 def _buffer_atomic(ins, ctx, name, data_op, locate, counter):
-    op, dtype = _atomic_kind(name, ins)
-    per_value = dtype.itemsize // 4
-    values = 2 if op == "cmpswap" else 1
+    form = AtomicForm(name, ins)
     returns = bool(ins.modifiers.get("sc0") or ins.modifiers.get("glc"))
-    row = ctx.vector_row(ctx.operand(data_op, ins), per_value * values, ins)
-    update, memory = ATOMICS[op], ctx.memory
+    row = ctx.vector_row(ctx.operand(data_op, ins), form.words * form.values, ins)
+    memory = ctx.memory
 
     def atomic(w):
         if not w.exec:
             return
         counter[0] += 1
         ctx.before_load(w)
-        addresses, in_range = locate(w, dtype.itemsize, 1)
+        addresses, in_range = locate(w, form.dtype.itemsize, 1)
         if in_range is None:
             in_range = np.ones(addresses.size, bool)
         else:
             addresses, in_range = addresses[:, 0], in_range[:, 0]
-        data = read_rows(w, row, per_value * values).view(dtype)
-        old = np.zeros(addresses.size, dtype)
+        old = np.zeros(addresses.size, form.dtype)  # out of range: not performed, returns 0
         if in_range.any():
-            old[in_range] = memory.atomic(addresses[in_range], dtype, update,
-                                          [data[in_range, i] for i in range(values)], who(w, ins))
+            sources = [s[in_range] for s in form.sources(w, row)]
+            old[in_range] = memory.atomic(addresses[in_range], form.dtype, form.update, sources, who(w, ins))
         if returns:
-            write_rows(w, row, old.view(U32).reshape(-1, per_value))
+            write_rows(w, row, form.returned(old))
         ctx.progress()
     return atomic
 
