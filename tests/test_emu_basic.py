@@ -44,6 +44,7 @@ def test_saxpy_partial_grid(arch):
     assert (stats.bytes_written["x"], stats.bytes_written["y"]) == (0, 4 * n)
     assert stats.instructions["vmem_load"] == 2 * 4 * 4  # 2 loads x 16 waves, the last one partial
     assert stats.waves == 16 and stats.workgroups == 4
+    assert f"read {4 * n:>12,} B  written {4 * n:>12,} B" in stats.report()
 
 
 # Uniform integer arithmetic: LLVM selects scalar ALU ops (carry chains, 32x32

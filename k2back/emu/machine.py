@@ -68,6 +68,19 @@ class Stats:
     def total_polls(self) -> int:
         return sum(self.polls.values())
 
+    def report(self) -> str:
+        """A human-readable summary: instruction mix, bytes per buffer, sync."""
+        lines = [f"{self.workgroups} workgroups, {self.waves} waves, "
+                 f"{self.wave_instructions:,} wave-instructions in {self.rounds} rounds"]
+        lines += [f"  {cls:<12} {count:>12,}" for cls, count in self.instructions.items()]
+        for name in sorted(set(self.bytes_read) | set(self.bytes_written)):
+            read, written = self.bytes_read.get(name, 0), self.bytes_written.get(name, 0)
+            if read or written:
+                lines.append(f"  {name:<24} read {read:>12,} B  written {written:>12,} B")
+        lines.append(f"  LDS read {self.lds_read:,} B, written {self.lds_written:,} B; "
+                     f"{self.barriers} barriers; {self.total_polls} polls")
+        return "\n".join(lines)
+
 
 def instruction_class(mnemonic: str) -> str:
     if mnemonic.startswith("v_mfma"):
