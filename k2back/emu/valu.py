@@ -328,6 +328,10 @@ VOP["v_med3_u32"] = ("u32", "u32 u32 u32", VOP["v_med3_i32"][2])
 # (v_mad_f32 / v_mac_f32 round the product and flush denormals; LLVM does not
 # select them with f32 denormals on, so they stay unimplemented.)
 TIED = {"v_fmac_f32", "v_fmac_f16"}
+# 16-bit results: gfx9 zeroes the other half of the register, except for the
+# op_sel-capable VOP3 forms, which keep it (LLVM: GCNSubtarget::zeroesHigh16BitsOfDest).
+PRESERVES_HIGH16 = {"v_fma_f16", "v_fmac_f16", "v_mad_f16", "v_mac_f16", "v_mad_u16", "v_mad_i16",
+                    "v_div_fixup_f16"}
 ENCODINGS = ("_e32", "_e64", "_dpp", "_sdwa")
 
 _COMPARE = {
@@ -464,7 +468,9 @@ def decode_valu(ins, ctx):
         writes += [_typed_writer(op, t, where, 0) for op, t in zip(dst_ops[1:], dst_types[1:])]
     else:
         reads = [_typed_reader(op, t, where, s) for op, t, s in zip(src_ops, src_types, op_sel)]
-        writes = [_typed_writer(op, t, where, op_sel[len(src_types)]) for op, t in zip(dst_ops, dst_types)]
+        preserve = base in PRESERVES_HIGH16
+        writes = [_typed_writer(op, t, where, op_sel[len(src_types)], preserve)
+                  for op, t in zip(dst_ops, dst_types)]
     if ins.modifiers.get("clamp"):
         if dst_types[0] not in ("f32", "f16", "f64"):
             raise UnsupportedInstruction(f"integer clamp on {ins.mnemonic} ({where})")
@@ -484,10 +490,10 @@ def _typed_reader(op, type_name, where, high):
     return vector_reader(op, dtype, where, bool(high))
 
 
-def _typed_writer(op, type_name, where, high):
+def _typed_writer(op, type_name, where, high, preserve=False):
     dtype = TYPES[type_name]
     if dtype is not MASK and dtype.itemsize == 2:
-        return vector_writer(op, dtype, where, bool(high), zero_high=not high)
+        return vector_writer(op, dtype, where, bool(high), zero_high=not (high or preserve))
     if high:
         raise UnsupportedInstruction(f"op_sel on a {type_name} destination ({where})")
     return vector_writer(op, dtype, where)
@@ -770,5 +776,5 @@ CONVERTS = {
     f"v_cvt{scale}_{form}": _fp8_convert
     for scale in ("", "_scalef32")
     for kind in ("fp8", "bf8")
-    for form in (f"f32_{kind}", f"pk_f32_{kind}", f"pk_{kind}_f32", f"pk_bf16_{kind}")
+    for form in (f"f32_{kind}", f"pk_f32_{kind}", f"pk_{kind}_f32") + ((f"pk_bf16_{kind}",) if scale else ())
 }
