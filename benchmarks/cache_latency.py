@@ -3,7 +3,7 @@ the kernel (compile times are benchmarks/compile_latency.py's).
 
 Rows: a fresh process getting a kernel from the warm disk cache (serving
 start-up), the in-process kernel lookup every call makes, argument
-validation, kernarg packing, and the whole `AttentionBack.__call__` with the
+validation, the kernarg segment, and the whole `AttentionBack.__call__` with the
 backend's launch stubbed out (the host overhead a vLLM layer call adds).
 
     .venv/bin/python benchmarks/cache_latency.py [--geometry v4.1-flash --tp 4 --ratio 2 --tokens 1]
@@ -23,9 +23,7 @@ import torch
 
 from k2back import ops
 from k2back.api import AttentionBack
-from k2back.codegen.signature import KERNEL_ARGS
 from k2back.runtime import launch
-from k2back.runtime.kernargs import pack_kernargs
 from k2back.testing import make_inputs
 from k2back.validate import validate_launch
 
@@ -81,9 +79,8 @@ def main() -> None:
                           backend="emu")
     rank = layer.rank
     out = torch.empty(args.tokens, spec.hidden, dtype=torch.bfloat16)
-    values = launch.kernel_arguments(spec, {**inputs, "out": out}, 1 << 40,
-                                     lambda t, _: t.data_ptr())
-    dims = launch.launch_dims(spec)
+    tensors = {**inputs, "out": out}
+    address_of = lambda tensor, _: tensor.data_ptr()  # as the hip backend addresses tensors
     stub = StubBackend()
     ops.backend_for = lambda device: stub  # the launch itself is not timed
 
@@ -95,8 +92,8 @@ def main() -> None:
             lambda: validate_launch(rank, args.ratio, inputs, check_values=False), args.repeats)),
         ("validate_launch, + CPU value checks", median_us(
             lambda: validate_launch(rank, args.ratio, inputs, check_values=True), args.repeats)),
-        ("pack_kernargs", median_us(
-            lambda: pack_kernargs(kernel.metadata, values, dims, KERNEL_ARGS), args.repeats)),
+        ("kernarg segment (arguments + pack)", median_us(
+            lambda: launch.kernargs(kernel, spec, tensors, 1 << 40, address_of), args.repeats)),
         ("AttentionBack call, launch stubbed", median_us(
             lambda: layer(**inputs, out=out), args.repeats)),
     ]
