@@ -187,3 +187,14 @@ def test_store_visibility_waitcnt_mode(arch, order):
     out, want = launch(UNFENCED, "waitcnt")  # delayed stores expose it
     stale = out[64:] == np.float32(1)  # data read as 0, plus 1
     assert stale.all() and (out[:64] == want[:64]).all()  # wave 0 retires data before flag
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_spinning_without_sleep_hits_the_instruction_limit(arch):
+    spin = HANDOFF.replace("store atomic i32 1", "store atomic i32 0").replace(
+        "  call void @llvm.amdgcn.s.sleep(i32 2)\n", "")
+    arrays = {"x": np.ones(64, np.float32), "data": np.zeros(64, np.float32),
+              "flag": np.zeros(1, np.int32), "out": np.zeros(64, np.float32)}
+    with pytest.raises(Deadlock, match=r"(?s)more than 20,000 wave-instructions.*workgroup 1 wave 0: running"):
+        run(spin, arch, "handoff", arrays, grid=(2,), block=(64,),
+            machine=Machine(arch, max_wave_instructions=20_000))

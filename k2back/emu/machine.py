@@ -13,7 +13,9 @@ without waiting for its stores is read stale by other waves, as on the GPU;
 
 Deadlock: progress is a global/LDS write or atomic, a barrier release, a wave
 ending, or a wave using a whole quantum without sleeping. After `stall_rounds`
-rounds without progress the launch raises `Deadlock` naming the waiting waves.
+rounds without progress, or beyond `max_wave_instructions` (a wave spinning on a
+flag without s_sleep looks busy), the launch raises `Deadlock` naming the waves
+still running and where they are.
 
 Counters (`Stats`): executed wave-instructions by class, global bytes read and
 written per mapped buffer (bytes the active lanes requested, in range), LDS
@@ -165,7 +167,8 @@ class Machine:
     """A gfx942/gfx950 device with no GPU: map host buffers, launch kernels from asm text."""
 
     def __init__(self, arch: str, *, quantum: int = 256, stall_rounds: int = 2000,
-                 store_visibility: str = "waitcnt", trace=None):
+                 max_wave_instructions: int = 100_000_000, store_visibility: str = "waitcnt",
+                 trace=None):
         """`store_visibility`: "waitcnt" (a global store becomes visible to other
         waves when the storing wave's s_waitcnt vmcnt(N) or s_endpgm retires it: a
         kernel that publishes a flag without waiting for its data stores then reads
@@ -181,6 +184,7 @@ class Machine:
         self.arch = arch
         self.quantum = quantum
         self.stall_rounds = stall_rounds
+        self.max_wave_instructions = max_wave_instructions
         self.trace = trace
         self.memory = GlobalMemory()
         self._clock = 0
@@ -234,7 +238,7 @@ class Machine:
         waves = [w for g in groups for w in g.waves]
         hits = self._hits = [0] * len(code)
         live = [w for w in waves if not w.done]
-        quiet_rounds, round_number = 0, 0
+        quiet_rounds, round_number, executed = 0, 0, 0
         wake = {}
         while live:
             round_number += 1
@@ -244,6 +248,7 @@ class Machine:
                     continue
                 ran, reason = self._run_quantum(w, code, hits, kernel)
                 self._clock += ran
+                executed += ran
                 if reason == "sleep":
                     wake[w] = round_number + 1 + w.sleep_rounds
                 elif reason == "quantum":
@@ -251,7 +256,11 @@ class Machine:
             live = [w for w in live if not w.done]
             quiet_rounds = 0 if self._progress else quiet_rounds + 1
             if live and quiet_rounds > self.stall_rounds:
-                raise Deadlock(_deadlock_report(live, kernel, quiet_rounds))
+                raise Deadlock(_deadlock_report(live, kernel, f"no progress for {quiet_rounds} "
+                                                               "scheduling rounds"))
+            if live and executed > self.max_wave_instructions:  # a spin without s_sleep
+                raise Deadlock(_deadlock_report(live, kernel, f"more than {self.max_wave_instructions:,} "
+                                                               "wave-instructions"))
         stats.rounds = round_number
 
     def _run_quantum(self, w, code, hits, kernel):
@@ -326,15 +335,15 @@ def _raiser(error, ins):
     return raise_it
 
 
-def _deadlock_report(live, kernel, rounds) -> str:
+def _deadlock_report(live, kernel, reason: str) -> str:
     lines = []
     for w in live[:16]:
         pc = max(w.pc - 1, 0)
         ins = kernel.instructions[min(pc, len(kernel.instructions) - 1)]
-        state = "at s_barrier" if w.waiting else f"polling ({w.polls} sleeps)"
+        state = "at s_barrier" if w.waiting else f"polling ({w.polls} sleeps)" if w.polls else "running"
         lines.append(f"  {w.name}: {state}, last at {ins.where()}")
     more = f"\n  ... and {len(live) - 16} more waves" if len(live) > 16 else ""
-    return (f"no progress for {rounds} scheduling rounds; {len(live)} waves still running:\n"
+    return (f"{reason}; {len(live)} waves still running:\n"
             + "\n".join(lines) + more)
 
 
