@@ -20,11 +20,23 @@ MIXED_IR = """
 target triple = "amdgcn-amd-amdhsa"
 define amdgpu_kernel void @mixed(ptr addrspace(1) %out, i32 %a, i64 %b, float %c,
                                  ptr addrspace(1) %p, i32 %d) #0 {
-  %x = call i32 @llvm.amdgcn.workitem.id.x()
-  store i32 %x, ptr addrspace(1) %out
+  ; out = [a, b, c's bits, p, d] as i64 words
+  %wa = sext i32 %a to i64
+  %cbits = bitcast float %c to i32
+  %wc = zext i32 %cbits to i64
+  %wp = ptrtoint ptr addrspace(1) %p to i64
+  %wd = zext i32 %d to i64
+  store i64 %wa, ptr addrspace(1) %out, align 8
+  %o1 = getelementptr i64, ptr addrspace(1) %out, i64 1
+  store i64 %b, ptr addrspace(1) %o1, align 8
+  %o2 = getelementptr i64, ptr addrspace(1) %out, i64 2
+  store i64 %wc, ptr addrspace(1) %o2, align 8
+  %o3 = getelementptr i64, ptr addrspace(1) %out, i64 3
+  store i64 %wp, ptr addrspace(1) %o3, align 8
+  %o4 = getelementptr i64, ptr addrspace(1) %out, i64 4
+  store i64 %wd, ptr addrspace(1) %o4, align 8
   ret void
 }
-declare i32 @llvm.amdgcn.workitem.id.x()
 attributes #0 = { "amdgpu-flat-work-group-size"="1,512" }
 !llvm.module.flags = !{!0}
 !0 = !{i32 1, !"amdhsa_code_object_version", i32 500}
@@ -248,3 +260,20 @@ def test_hidden_args_where_the_kernel_reads_them(cache_dir, arch):
     segment = pack_kernargs(kernel.metadata, {"out": machine.map(out), "pad": 0}, dims)
     machine.launch(kernel.asm, "hidden", grid=dims.grid, block=dims.block, kernargs=segment)
     assert out.tolist() == [3, 2, 128, 2]
+
+
+@pytest.mark.parametrize("arch", llvm.ARCHS)
+def test_mixed_args_in_the_emulator(cache_dir, arch):
+    """No signature: each value's own type decides (float -> IEEE, int -> integer)."""
+    from k2back.codegen.compiler import IRSource
+    from k2back.codegen.compiler import compile as compile_source
+    from k2back.emu import Machine
+
+    kernel = compile_source(IRSource(MIXED_IR, "mixed", arch))
+    machine = Machine(arch)
+    out = torch.zeros(5, dtype=torch.int64)
+    values = {**VALUES, "out": machine.map(out), "p": 0xDEAD_BEEF_00, "c": -2.5}
+    segment = pack_kernargs(kernel.metadata, values, LaunchDims((1, 1, 1), (64, 1, 1)))
+    machine.launch(kernel.asm, "mixed", grid=(1, 1, 1), block=(64, 1, 1), kernargs=segment)
+    c_bits = int.from_bytes(struct.pack("<f", -2.5), "little")
+    assert out.tolist() == [-7, 1 << 40, c_bits, 0xDEAD_BEEF_00, 0xFFFF_FFFF]
