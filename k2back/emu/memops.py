@@ -374,15 +374,15 @@ def decode_smem(ins, ctx):
 
 def _lds_addresses(w, row, offset, size, ins):
     """int64 LDS byte addresses of the active lanes, checked for range and alignment."""
-    addresses = active(w, w.r[row]).astype(np.int64) + offset
+    addresses = active(w, w.r[row]).astype(np.int64) + offset  # never negative
     lds = w.group.lds
-    if addresses.size and (addresses.max() + size > lds.size or addresses.min() < 0):
-        bad = int(addresses[np.argmax((addresses + size > lds.size) | (addresses < 0))])
+    if addresses.max() + size > lds.size:
+        bad = int(addresses[np.argmax(addresses + size > lds.size)])
         raise MemoryFault(f"LDS address {bad} (+{size} bytes) outside the workgroup's "
                           f"{lds.size} bytes, {w.name}, {ins.where()}")
     align = min(size, 4)
-    if (addresses % align).any():
-        bad = int(addresses[np.argmax(addresses % align != 0)])
+    if align > 1 and (addresses & (align - 1)).any():
+        bad = int(addresses[np.argmax(addresses & (align - 1) != 0)])
         raise MemoryFault(f"misaligned LDS address {bad} for a {size}-byte access, {w.name}, {ins.where()}")
     return addresses
 

@@ -203,7 +203,13 @@ def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high:
     """fn(wave, lanes) storing `dtype` lanes into active lanes of a VGPR/AGPR (or a mask)."""
     if dtype is MASK:
         write = scalar_writer(op, 64, where)
-        return lambda w, m: write(w, mask_to_int(np.broadcast_to(m, (64,))) & w.exec)
+
+        def write_mask(w, m):
+            if np.ndim(m) == 0:  # a uniform result (both compare operands scalar)
+                write(w, w.exec if m else 0)
+            else:
+                write(w, mask_to_int(m) & w.exec)
+        return write_mask
     if op.file != "v" or op.neg or op.abs:
         raise UnsupportedInstruction(f"expected a vector destination, got {op.token!r} ({where})")
     dtype, i = np.dtype(dtype), op.index

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 
 import numpy as np
 
@@ -10,6 +11,7 @@ LANES = 64
 M32 = 0xFFFFFFFF
 M64 = 0xFFFFFFFFFFFFFFFF
 ALL_LANES = np.ones(LANES, dtype=bool)
+ALL_LANES.flags.writeable = False
 
 # SGPR-file slots of the named scalar registers (their gfx9 operand encodings).
 VCC, M0 = 106, 124
@@ -20,9 +22,14 @@ def mask_to_int(mask: np.ndarray) -> int:
     return int(np.packbits(mask, bitorder="little").view("<u8")[0])
 
 
+@functools.lru_cache(maxsize=4096)
 def int_to_mask(value: int) -> np.ndarray:
+    """The lane mask of a 64-bit exec/vcc value (cached: kernels reuse a few masks;
+    the array is read-only so that sharing it is safe)."""
     raw = np.array([value & M64], dtype="<u8").view(np.uint8)
-    return np.unpackbits(raw, bitorder="little").view(bool)
+    mask = np.unpackbits(raw, bitorder="little").view(bool)
+    mask.flags.writeable = False
+    return mask
 
 
 class Wave:
