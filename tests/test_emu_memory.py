@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from emu_util import ARCHS, assemble, metadata, module, rng, run
-from k2back.emu import Machine, MemoryFault, UnsupportedInstruction
+from k2back.emu import EmulatorError, Machine, MemoryFault, UnsupportedInstruction
 from k2back.runtime.kernargs import LaunchDims, pack_kernargs
 
 DECLS = """
@@ -256,3 +256,25 @@ def test_buffer_atomics_and_scalar_buffer_loads_respect_num_records(arch):
     np.testing.assert_array_equal(old, np.where(in_range, running, 0))
     # s_buffer_load of the dwords at bytes 16..31 through a 24-byte resource: 104, 105, 0, 0
     np.testing.assert_array_equal(out, [104 + 0, 105])
+
+
+def test_bad_launch_arguments_are_named_before_anything_runs():
+    arch = "gfx942"
+    asm = assemble(LOAD_AT, arch)
+    machine = Machine(arch)
+    with pytest.raises(EmulatorError, match=r"arch: expected one of .*got 'gfx90a'"):
+        Machine("gfx90a")
+    with pytest.raises(EmulatorError, match=r"array: expected a C-contiguous array"):
+        machine.map(np.zeros((4, 4), np.int32)[:, ::2])
+    with pytest.raises(EmulatorError, match=r"array: expected a numpy array or torch tensor, got list"):
+        machine.map([1, 2, 3])
+    with pytest.raises(EmulatorError, match=r"kernel_name: no label 'nope'"):
+        machine.launch(asm, "nope")
+    with pytest.raises(EmulatorError, match=r"grid: expected up to 3 positive ints, got \(0, 1\)"):
+        machine.launch(asm, "load_at", grid=(0, 1), kernargs=bytes(64))
+    with pytest.raises(EmulatorError, match=r"kernargs: expected at least \d+ bytes .* got 8"):
+        machine.launch(asm, "load_at", kernargs=bytes(8))
+    with pytest.raises(EmulatorError, match=r"dynamic_lds: \d+ bytes of LDS exceed gfx942's 65536"):
+        machine.launch(asm, "load_at", kernargs=bytes(512), dynamic_lds=65536)
+    with pytest.raises(EmulatorError, match=r"order: expected a permutation of range\(2\), got \[0, 0\]"):
+        machine.launch(asm, "load_at", grid=(2,), kernargs=bytes(512), order=[0, 0])

@@ -202,6 +202,10 @@ class Machine:
 
         `order` is the workgroup start/scheduling order: "forward", "reverse", or a
         sequence of linear workgroup indices."""
+        if not isinstance(asm, str):
+            raise EmulatorError(f"asm: expected the assembly text (str), got {type(asm).__name__}")
+        if not isinstance(dynamic_lds, int) or dynamic_lds < 0:
+            raise EmulatorError(f"dynamic_lds: expected a byte count >= 0, got {dynamic_lds!r}")
         kernel = asm_text.parse_kernel(asm, kernel_name)
         grid, block = _dims("grid", grid), _dims("block", block)
         setup = LaunchSetup(self, kernel, grid, block, bytes(kernargs), dynamic_lds)
