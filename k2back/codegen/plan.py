@@ -52,6 +52,7 @@ class ArchInfo:
     blocks: int  # CUs: the persistent grid
     lds_budget: int  # bytes a CTA may use
     fp8_fnuz: bool  # hardware fp8 is FNUZ e4m3 (gfx942), else OCP e4m3fn
+    scaled_mfma: bool  # v_mfma_scale_f32_16x16x128_f8f6f4: OCP fp8 with E8M0 block scales
 
     @property
     def ocp_per_hw(self) -> int:
@@ -66,8 +67,8 @@ class ArchInfo:
 
 
 ARCHS: dict[str, ArchInfo] = {
-    name: ArchInfo(name, t.cus, t.lds_bytes, fp8_fnuz)
-    for name, fp8_fnuz in (("gfx942", True), ("gfx950", False))
+    name: ArchInfo(name, t.cus, t.lds_bytes, fp8_fnuz, scaled_mfma)
+    for name, fp8_fnuz, scaled_mfma in (("gfx942", True, False), ("gfx950", False, True))
     for t in (ARCH_TARGETS[name],)
 }
 assert set(ARCHS) == set(LLVM_ARCHS)
@@ -110,6 +111,7 @@ class GemvStage:
     k: int  # contraction length = weight row bytes
     k_waves: int
     k_steps: int
+    code_steps: int  # steps one block code of a lane covers: 1 (bf16 MFMA), 2 (a scaled MFMA)
     token_tiles: int
     weight: str  # kernel argument of the fp8 weight and ...
     weight_scale: str  # ... of its UE8M0 codes (one a 32x32 block)
@@ -251,10 +253,11 @@ def kernel_name(geometry: str, tp: int, tokens: int, ratio: int, arch: str) -> s
     return f"k2_back_{slug}_tp{tp}_s{tokens}_r{ratio}_{arch}"
 
 
-def _k_split(k: int) -> tuple[int, int]:
-    """(k_waves, k_steps): the most waves (<= 8) splitting k evenly into 64-B steps."""
+def _k_split(k: int, code_steps: int) -> tuple[int, int]:
+    """(k_waves, k_steps): the most waves (<= 8) splitting k evenly into 64-B
+    steps, a multiple of `code_steps` each."""
     steps = k // STEP_BYTES
-    waves = max(w for w in range(1, WAVES + 1) if steps % w == 0)
+    waves = max(w for w in range(1, WAVES + 1) if steps % (w * code_steps) == 0)
     return waves, steps // waves
 
 
@@ -298,12 +301,15 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
 
     attention_tasks = att.split_tasks + att.combine_tasks
     woa_tasks = rank.o_rows // 32
-    woa_waves, woa_steps = _k_split(geo.group_k)
-    wob_waves, wob_steps = _k_split(rank.o_rows)
+    # a scaled MFMA contracts 128 k: two steps, one block code a lane group
+    code_steps = 2 if info.scaled_mfma else 1
+    woa_waves, woa_steps = _k_split(geo.group_k, code_steps)
+    wob_waves, wob_steps = _k_split(rank.o_rows, code_steps)
     wo_a = GemvStage(
         name="wo_a", tasks=woa_tasks, first_cta=attention_tasks % blocks,
         ctas=min(blocks, woa_tasks), batch=False, rows=2 * TILE,
-        k=geo.group_k, k_waves=woa_waves, k_steps=woa_steps, token_tiles=token_tiles,
+        k=geo.group_k, k_waves=woa_waves, k_steps=woa_steps, code_steps=code_steps,
+        token_tiles=token_tiles,
         weight="wo_a", weight_scale="wo_a_scale", x="xo", x_codes="xo_codes",
         x_row=rank.q_cols, tasks_per_group=geo.o_rank // 32, red=0,
     )
@@ -312,7 +318,8 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
     wo_b = GemvStage(
         name="wo_b", tasks=wob_tasks, first_cta=(attention_tasks + woa_tasks) % blocks,
         ctas=wob_ctas, batch=_batch_fits(math.ceil(wob_tasks / wob_ctas) * wob_steps, token_tiles),
-        rows=TILE, k=rank.o_rows, k_waves=wob_waves, k_steps=wob_steps, token_tiles=token_tiles,
+        rows=TILE, k=rank.o_rows, k_waves=wob_waves, k_steps=wob_steps, code_steps=code_steps,
+        token_tiles=token_tiles,
         weight="wo_b", weight_scale="wo_b_scale", x="x8b", x_codes="x8b_codes",
         x_row=rank.o_rows, tasks_per_group=geo.hidden // TILE, red=0,
     )
