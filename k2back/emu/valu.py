@@ -372,39 +372,39 @@ def op_spec(base: str):
 # ---------------------------------------------------------------- DPP lane maps
 
 
-def _row_map(fn):
-    within = LANE % 16
-    src = fn(within)
-    valid = (src >= 0) & (src < 16)
-    return LANE - within + np.clip(src, 0, 15), valid
+# DPP controls that move data within a row of 16 lanes: the source position of
+# row position i, given the control's count n (an invalid position reads nothing).
+_ROW_CONTROLS = {
+    "row_shl": lambda i, n: i + n,
+    "row_shr": lambda i, n: i - n,
+    "row_ror": lambda i, n: (i - n) % 16,
+    "row_mirror": lambda i, n: 15 - i,
+    "row_half_mirror": lambda i, n: (i & 8) + 7 - (i & 7),
+}
+# Whole-wave controls (count 1 only): lane step and whether it wraps around.
+_WAVE_CONTROLS = {"wave_shl": (1, False), "wave_rol": (1, True), "wave_shr": (-1, False),
+                  "wave_ror": (-1, True)}
+# row_bcast:15 copies lane 15 of each row into the next; row_bcast:31 lane 31 into rows 2-3.
+_ROW_BCAST = {15: (LANE - LANE % 16 - 1, LANE >= 16), 31: (np.full(LANES, 31), LANE >= 32)}
 
 
 def _dpp_map(modifiers: dict) -> tuple[np.ndarray, np.ndarray]:
     """Source lane of every lane and whether it exists, from the DPP control modifiers."""
-    def count(key):
-        return int(modifiers[key], 0)
     if "quad_perm" in modifiers:
         perm = np.array([int(x) for x in modifiers["quad_perm"].strip("[]").split(",")])
         return (LANE & ~3) | perm[LANE & 3], np.ones(LANES, bool)
-    if "row_shl" in modifiers:
-        return _row_map(lambda i: i + count("row_shl"))
-    if "row_shr" in modifiers:
-        return _row_map(lambda i: i - count("row_shr"))
-    if "row_ror" in modifiers:
-        return _row_map(lambda i: (i - count("row_ror")) % 16)
-    if modifiers.get("row_mirror"):
-        return _row_map(lambda i: 15 - i)
-    if modifiers.get("row_half_mirror"):
-        return _row_map(lambda i: (i & 8) + 7 - (i & 7))
-    wave = {"wave_shl": (1, False), "wave_rol": (1, True), "wave_shr": (-1, False), "wave_ror": (-1, True)}
-    for key, (step, rotate) in wave.items():
+    for key, position in _ROW_CONTROLS.items():
+        if key in modifiers:
+            within = LANE % 16
+            src = position(within, int(modifiers[key], 0) if modifiers[key] is not True else 0)
+            return LANE - within + np.clip(src, 0, 15), (src >= 0) & (src < 16)
+    for key, (step, wraps) in _WAVE_CONTROLS.items():
         if key in modifiers:
             src = LANE + step
-            return src % LANES, np.ones(LANES, bool) if rotate else (src >= 0) & (src < LANES)
+            return src % LANES, np.ones(LANES, bool) if wraps else (src >= 0) & (src < LANES)
     if "row_bcast" in modifiers:
-        source_row_end = {15: LANE - LANE % 16 - 1, 31: np.full(LANES, 31)}[count("row_bcast")]
-        first_row = {15: 1, 31: 2}[count("row_bcast")]
-        return np.maximum(source_row_end, 0), LANE >= 16 * first_row
+        src, valid = _ROW_BCAST[int(modifiers["row_bcast"], 0)]
+        return np.maximum(src, 0), valid
     raise UnsupportedInstruction(f"DPP control {sorted(modifiers)} not implemented")
 
 
