@@ -18,15 +18,8 @@ from k2back.testing import (
     make_inputs,
     rank_slice,
     rope_table,
-    single_thread,
     yarn_inv_freq,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with single_thread():
-        yield
 
 
 @pytest.mark.parametrize("geo,tp", [("tiny", 1), ("tiny", 8), ("tiny-16", 2)])

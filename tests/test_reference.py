@@ -12,15 +12,9 @@ import pytest
 import torch
 
 from k2back.reference import ALTERNATE, attention_back, attention_back_f64
-from k2back.testing import CHUNK_TOLERANCES, compare, make_inputs, rank_slice, single_thread
+from k2back.testing import CHUNK_TOLERANCES, compare, make_inputs, rank_slice
 
 E4M3, BF16 = ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    with single_thread():
-        yield
 
 
 LOG2E = np.float32(math.log2(math.e))
