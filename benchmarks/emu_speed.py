@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from emu_util import ARCHS, module, run  # noqa: E402
+from emu_util import ARCHS, module, run
 
 MFMA = module("""
 define amdgpu_kernel void @mfma(ptr addrspace(1) %a, ptr addrspace(1) %out, i32 %blocks) #0 {

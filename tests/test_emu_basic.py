@@ -2,7 +2,6 @@
 
 import numpy as np
 import pytest
-
 from emu_util import ARCHS, module, rng, run
 
 SAXPY = module("""
@@ -118,7 +117,7 @@ def scalar_ops_reference(a: int, b: int, c: int, d: int) -> list[int]:
     cu = c & m32
     return [
         (a + b) & m64, (a - b) & m64, (a * b) & m64, (sc >> dm) & m64, a >> dm, (a << dm) & m64,
-        min(sc, sd) & m64, max(c, d), bin(a).count("1"), (cu & -cu).bit_length() - 1 if cu else 32,
+        min(sc, sd) & m64, max(c, d), a.bit_count(), (cu & -cu).bit_length() - 1 if cu else 32,
         32 - cu.bit_length(), int(f"{cu:032b}"[::-1], 2), (c >> 5) & 1023,
         ((((c << 7) & m32) ^ 2**31) - 2**31 >> 20) & m64, a if sc < sd else b, (c * d) & m32,
         ((sc * sd) >> 32) & m64, c // (d | 1), c % (d | 1),

@@ -6,7 +6,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-
 from emu_util import ARCHS, module, rng, run
 
 # What "fp8"/"bf8" mean in each arch's convert instructions (SPEC §4).

@@ -3,7 +3,6 @@ on hand-written kernels (the same asm syntax LLVM prints) against numpy."""
 
 import numpy as np
 import pytest
-
 from emu_util import ARCHS, run_handwritten
 
 LANE = np.arange(64, dtype=np.uint32)
@@ -57,7 +56,7 @@ def test_perm_packed_f32_and_sdwa(arch):
     a = (LANE * 0x234567) & 0xFFFFFFFF  # v_mul_u32_u24 uses the low 24 bits
     b = ~a
     pool = (a.astype(np.uint64) << np.uint64(32)) | b.astype(np.uint64)
-    byte = lambda i: ((pool >> np.uint64(8 * i)) & np.uint64(0xFF)).astype(np.uint32)  # noqa: E731
+    byte = lambda i: ((pool >> np.uint64(8 * i)) & np.uint64(0xFF)).astype(np.uint32)
     want_perm = byte(1) | (0xFF << 8) | (byte(4) << 16)
     words = out[:256].reshape(64, 4)
     np.testing.assert_array_equal(words[:, 0], want_perm)
@@ -112,7 +111,7 @@ def test_lds_widths_pairs_and_sub_dword_forms(arch):
     b = a ^ 0x80808080
     low_b = b & 0xFF
     half_b = b & 0xFFFF
-    sx = lambda v, bits: (v.astype(np.int64) ^ (1 << (bits - 1))) - (1 << (bits - 1))  # noqa: E731
+    sx = lambda v, bits: (v.astype(np.int64) ^ (1 << (bits - 1))) - (1 << (bits - 1))
     want = np.stack([a, b, a, b, ~a & 0xFFFFFFFF, low_b, sx(low_b, 8) & 0xFFFFFFFF, half_b,
                      sx(half_b, 16) & 0xFFFFFFFF, ((a >> 16) << 16) | 0xFFFF,
                      0xFFFF0000 | low_b], 1).astype(np.uint32)

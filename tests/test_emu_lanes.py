@@ -6,7 +6,6 @@ Expected values come from lane maps written here from the ISA's descriptions
 
 import numpy as np
 import pytest
-
 from emu_util import ARCHS, module, run
 
 LANE = np.arange(64)

@@ -7,7 +7,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-
 from emu_util import module, rng, run
 
 LANES = 64
@@ -27,7 +26,7 @@ def f8f6f4_8bit_k(lane: int, t: int, per_lane: int) -> int:
 def pack_operand(matrix: np.ndarray, per_lane: int, bits: int, k_of=spec_k) -> np.ndarray:
     """[16, K] codes (row i of A, or column i of B) -> uint32 [K / (4 per_lane), 64, regs]:
     lane l of k-block kb holds row l % 16 and, as element t, k = kb*4*per_lane + k_of(l, t)."""
-    rows, depth = matrix.shape
+    depth = matrix.shape[1]
     block = 4 * per_lane
     regs = per_lane * bits // 32
     out = np.zeros((depth // block, LANES, regs), np.uint32)

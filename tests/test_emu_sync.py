@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from emu_util import ARCHS, module, rng, run
+
 from k2back.emu import Deadlock, Machine
 
 DECLS = """

@@ -28,5 +28,12 @@ asm line when it executes; unmapped, out-of-range or misaligned accesses raise
 from .errors import AsmError, Deadlock, EmulatorError, MemoryFault, UnsupportedInstruction
 from .machine import Machine, Stats
 
-__all__ = ["Machine", "Stats", "EmulatorError", "AsmError", "UnsupportedInstruction",
-           "MemoryFault", "Deadlock"]
+__all__ = [
+           "AsmError",
+           "Deadlock",
+           "EmulatorError",
+           "Machine",
+           "MemoryFault",
+           "Stats",
+           "UnsupportedInstruction",
+]

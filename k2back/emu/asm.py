@@ -15,8 +15,7 @@ from .errors import AsmError
 
 # Words that stand alone after the operands (cache policy, addressing, DPP, clamp).
 FLAG_MODIFIERS = frozenset(
-    "sc0 sc1 nt glc slc dlc offen idxen lds gds clamp row_mirror row_half_mirror "
-    "addr64 tfe lwe d16".split()
+    ["sc0", "sc1", "nt", "glc", "slc", "dlc", "offen", "idxen", "lds", "gds", "clamp", "row_mirror", "row_half_mirror", "addr64", "tfe", "lwe", "d16"]
 )
 _LABEL = re.compile(r"^([.\w$]+):")
 

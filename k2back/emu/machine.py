@@ -36,18 +36,13 @@ from .matrix import decode_mfma
 from .memops import decode_buffer, decode_ds, decode_global, decode_smem
 from .memory import GlobalMemory
 from .operands import parse, scalar_reader, scalar_writer
-from .salu import BRANCH_CONDITIONS, decode_branch, decode_sop
+from .salu import decode_branch, decode_sop
 from .state import LANES, M64, Wave, Workgroup
 from .valu import decode_valu
 
 ARCH_LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
 STORE_VISIBILITY = ("immediate", "waitcnt")
 CODE_ADDRESS = 0x7F00_0000_0000  # where the emulated code lives (s_getpc_b64)
-
-# mnemonic prefix -> (instruction class, decoder); the first matching prefix wins.
-CONTROL = ("s_waitcnt", "s_nop", "s_setprio", "s_barrier", "s_sleep", "s_endpgm", "s_sethalt",
-           "s_trap", "s_icache_inv")
-
 
 @dataclasses.dataclass
 class Stats:
@@ -72,8 +67,8 @@ class Stats:
 
     def report(self) -> str:
         """A human-readable summary: instruction mix, bytes per buffer, sync."""
-        lines = [f"{self.workgroups} workgroups, {self.waves} waves, "
-                 f"{self.wave_instructions:,} wave-instructions in {self.rounds} rounds"]
+        lines = [(f"{self.workgroups} workgroups, {self.waves} waves, "
+                  f"{self.wave_instructions:,} wave-instructions in {self.rounds} rounds")]
         lines += [f"  {cls:<12} {count:>12,}" for cls, count in self.instructions.items()]
         for name in sorted(set(self.bytes_read) | set(self.bytes_written)):
             read, written = self.bytes_read.get(name, 0), self.bytes_written.get(name, 0)
@@ -82,26 +77,6 @@ class Stats:
         lines.append(f"  LDS read {self.lds_read:,} B, written {self.lds_written:,} B; "
                      f"{self.barriers} barriers; {self.total_polls} polls")
         return "\n".join(lines)
-
-
-def instruction_class(mnemonic: str) -> str:
-    if mnemonic.startswith("v_mfma"):
-        return "mfma"
-    if mnemonic.startswith("s_cbranch") or mnemonic == "s_branch":
-        return "branch"
-    for name in ("barrier", "waitcnt", "sleep", "nop", "endpgm"):
-        if mnemonic == f"s_{name}":
-            return name
-    if mnemonic.startswith(("s_load", "s_buffer_load", "s_memtime", "s_memrealtime", "s_dcache")):
-        return "smem"
-    if mnemonic.startswith("ds_"):
-        return "lds"
-    if mnemonic.startswith(("global_", "flat_", "buffer_")):
-        if mnemonic.startswith(("buffer_wbl2", "buffer_inv", "buffer_wbinvl1")):
-            return "cache"
-        kind = mnemonic.split("_")[1]
-        return f"vmem_{kind}"
-    return "salu" if mnemonic.startswith("s_") else "valu"
 
 
 class DecodeContext:
@@ -229,7 +204,7 @@ class Machine:
         code, classes = [], []
         for index, ins in enumerate(kernel.instructions):
             ctx.index = index
-            classes.append(instruction_class(ins.mnemonic))
+            classes.append(dispatch(ins.mnemonic)[0])
             try:
                 code.append(decode(ins, ctx))
             except (UnsupportedInstruction, ValueError, KeyError, IndexError) as error:
@@ -354,27 +329,19 @@ def _deadlock_report(live, kernel, reason: str) -> str:
 # ---------------------------------------------------------------- control instructions
 
 
+def dispatch(mnemonic: str) -> tuple[str, object]:
+    """(instruction class, decoder) of a mnemonic: the first matching DISPATCH prefix."""
+    for prefix, cls, decoder in DISPATCH:
+        if mnemonic.startswith(prefix):
+            return cls, decoder
+    return "unknown", None
+
+
 def decode(ins, ctx):
-    name = ins.mnemonic
-    if name in BRANCH_CONDITIONS:
-        return decode_branch(ins, ctx)
-    if name.startswith(CONTROL):
-        return decode_control(ins, ctx)
-    if name.startswith(("s_load", "s_buffer_load", "s_memtime", "s_memrealtime", "s_dcache")):
-        return decode_smem(ins, ctx)
-    if name.startswith("s_"):
-        return decode_sop(ins, ctx)
-    if name.startswith("v_mfma"):
-        return decode_mfma(ins, ctx)
-    if name.startswith("v_"):
-        return decode_valu(ins, ctx)
-    if name.startswith(("global_", "flat_")):
-        return decode_global(ins, ctx)
-    if name.startswith("buffer_"):
-        return decode_buffer(ins, ctx)
-    if name.startswith("ds_"):
-        return decode_ds(ins, ctx)
-    raise UnsupportedInstruction(f"{name} not implemented ({ins.where()})")
+    decoder = dispatch(ins.mnemonic)[1]
+    if decoder is None:
+        raise UnsupportedInstruction(f"{ins.mnemonic} not implemented ({ins.where()})")
+    return decoder(ins, ctx)
 
 
 def decode_control(ins, ctx):
@@ -543,3 +510,22 @@ class LaunchSetup:
         active = min(LANES, self.threads - index * LANES)
         w.set_exec(M64 >> (LANES - active))
         return w
+
+
+# mnemonic prefix -> instruction class (the counters' key) and decoder; first match wins.
+DISPATCH = (
+    ("v_mfma", "mfma", decode_mfma),
+    ("v_", "valu", decode_valu),
+    ("s_cbranch", "branch", decode_branch),
+    ("s_branch", "branch", decode_branch),
+    *((f"s_{name}", name, decode_control) for name in ("barrier", "waitcnt", "sleep", "nop", "endpgm")),
+    *((name, "salu", decode_control) for name in ("s_setprio", "s_icache_inv")),
+    *((name, "smem", decode_smem)
+      for name in ("s_load", "s_buffer_load", "s_memtime", "s_memrealtime", "s_dcache")),
+    ("s_", "salu", decode_sop),
+    ("ds_", "lds", decode_ds),
+    *((name, "cache", decode_buffer) for name in ("buffer_wbl2", "buffer_inv", "buffer_wbinvl1")),
+    *((f"{segment}_{op}", f"vmem_{op}", decoder)
+      for segment, decoder in (("global", decode_global), ("flat", decode_global), ("buffer", decode_buffer))
+      for op in ("load", "store", "atomic")),
+)

@@ -22,8 +22,9 @@ from .memory import ATOMICS, apply_atomic
 U32, U64 = np.uint32, np.uint64
 
 # suffix -> (bytes, register mapping). Mappings: 'dwords' (whole registers),
-# 'zext'/'sext' (widened into one register), 'lo'/'hi' + z/s (a 16-bit half,
-# the other half kept), 'low'/'high' (stores of the low bytes / bits 16..).
+# 'zext'/'sext' (widened into one register), 'lo'/'hi' + z/s (loaded into a 16-bit
+# half, the other half kept), 'low'/'high' (stores of the low bytes / of bits 16..).
+# A store's *_d16_hi suffix means 'high' (STORE_ACCESS); a load's means 'hiz'/'his'.
 ACCESS = {
     "dword": (4, "dwords"), "dwordx2": (8, "dwords"), "dwordx3": (12, "dwords"),
     "dwordx4": (16, "dwords"),
@@ -35,9 +36,9 @@ ACCESS = {
     "u8_d16": (1, "loz"), "i8_d16": (1, "los"), "u16_d16": (2, "loz"),
     "u8_d16_hi": (1, "hiz"), "i8_d16_hi": (1, "his"), "u16_d16_hi": (2, "hiz"),
     "byte": (1, "low"), "short": (2, "low"), "b8": (1, "low"), "b16": (2, "low"),
-    "byte_d16_hi": (1, "high"), "short_d16_hi": (2, "high"),
-    "b8_d16_hi": (1, "high"), "b16_d16_hi": (2, "high"),
 }
+STORE_ACCESS = {**ACCESS, "byte_d16_hi": (1, "high"), "short_d16_hi": (2, "high"),
+                "b8_d16_hi": (1, "high"), "b16_d16_hi": (2, "high")}
 ATOMIC_TYPES = {"i32": np.int32, "u32": np.uint32, "b32": np.uint32, "f32": np.float32,
                 "i64": np.int64, "u64": np.uint64, "b64": np.uint64, "f64": np.float64}
 CACHE_BITS = ("sc0", "sc1", "nt")
@@ -93,10 +94,11 @@ def load_lanes(w, row: int, data: np.ndarray, kind: str) -> None:
     write_rows(w, row, merged[:, None])
 
 
-def _access(suffix: str, ins):
-    if suffix not in ACCESS:
+def _access(suffix: str, ins, store: bool):
+    table = STORE_ACCESS if store else ACCESS
+    if suffix not in table:
         raise UnsupportedInstruction(f"{ins.mnemonic}: access width {suffix!r} not implemented ({ins.where()})")
-    return ACCESS[suffix]
+    return table[suffix]
 
 
 def _note_cache_policy(ctx, ins, kind: str):
@@ -120,7 +122,7 @@ def decode_global(ins, ctx):
         return _global_atomic(ins, ctx, suffix, offset, segment)
     if op not in ("load", "store") or suffix.startswith("lds"):
         raise UnsupportedInstruction(f"{ins.mnemonic} not implemented ({ins.where()})")
-    size, kind = _access(suffix, ins)
+    size, kind = _access(suffix, ins, op == "store")
     counter, _ = _note_cache_policy(ctx, ins, f"{segment} {op}")
     if op == "load":
         data_op, addr_ops = ins.operands[0], ins.operands[1:]
@@ -264,7 +266,7 @@ def decode_buffer(ins, ctx):
 
     if op == "atomic":
         return _buffer_atomic(ins, ctx, suffix, data_op, locate, counter)
-    size, kind = _access(suffix, ins)
+    size, kind = _access(suffix, ins, op == "store")
     element = min(size, 4)
     count = size // element
     row = ctx.vector_row(ctx.operand(data_op, ins), registers(size), ins)
@@ -399,7 +401,7 @@ def decode_ds(ins, ctx):
 
 
 def _ds_move(ins, ctx, op, suffix):
-    size, kind = _access(suffix, ins)
+    size, kind = _access(suffix, ins, op.startswith("write"))
     stats = ctx.stats
     pair = op.endswith(("2", "2st64"))
     if pair:

@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from .errors import UnsupportedInstruction
-from .state import M0, M32, M64, VCC, int_to_mask, mask_to_int
+from .state import M0, M32, VCC, int_to_mask, mask_to_int
 
 MASK = "mask"
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -40,7 +40,7 @@ INLINE_FLOATS = {"0.5", "-0.5", "1.0", "-1.0", "2.0", "-2.0", "4.0", "-4.0", "0.
 class Operand:
     """A parsed operand: a register range, exec, or a constant (bits or float)."""
 
-    __slots__ = ("file", "index", "count", "value", "neg", "abs", "token")
+    __slots__ = ("abs", "count", "file", "index", "neg", "token", "value")
 
     def __init__(self, token: str, accum_offset: int):
         self.token, self.neg, self.abs = token, False, False
@@ -157,11 +157,21 @@ def vector_reader(op: Operand, dtype, where: str, high: bool = False):
     if dtype is MASK:
         read = scalar_reader(op, 64, where)
         return lambda w: int_to_mask(read(w))
-    read = _vector_value(op, np.dtype(dtype), where, high)
+    return with_modifiers(op, _vector_value(op, np.dtype(dtype), where, high))
+
+
+def with_modifiers(op: Operand, read):
+    """Apply the operand's |abs| and -neg source modifiers (in that order) to `read`."""
     if op.abs:
-        read = (lambda inner: lambda w: np.abs(inner(w)))(read)
+        plain = read
+
+        def read(w):
+            return np.abs(plain(w))
     if op.neg:
-        read = (lambda inner: lambda w: -inner(w))(read)
+        positive = read
+
+        def read(w):
+            return -positive(w)
     return read
 
 

@@ -48,6 +48,14 @@ def _logic(bits: int) -> dict:
     }
 
 
+def _shift_add(n: int):
+    """s_lshl<n>_add_u32: (a << n) + b; SCC = the 64-bit sum does not fit 32 bits."""
+    def shift_add(a, b, c):
+        total = (a << n) + b
+        return total & M32, int(total > M32)
+    return shift_add
+
+
 def _signed_overflow(total: int) -> tuple[int, int]:
     return total & M32, int(not -(1 << 31) <= total < (1 << 31))
 
@@ -79,9 +87,7 @@ SOP: dict[str, tuple] = {
     "s_max_i32": (32, (32, 32), lambda a, b, c: (a, 1) if sx(a, 32) > sx(b, 32) else (b, 0)),
     "s_min_u32": (32, (32, 32), lambda a, b, c: (a, 1) if a < b else (b, 0)),
     "s_max_u32": (32, (32, 32), lambda a, b, c: (a, 1) if a > b else (b, 0)),
-    **{f"s_lshl{n}_add_u32": (32, (32, 32), (lambda n: lambda a, b, c: (
-        ((a << n) + b) & M32, int(((a << n) & M32) + b > M32 or a >> (32 - n) != 0)))(n))
-       for n in (1, 2, 3, 4)},
+    **{f"s_lshl{n}_add_u32": (32, (32, 32), _shift_add(n)) for n in (1, 2, 3, 4)},
     # shifts and bit fields
     "s_lshl_b32": (32, (32, 32), lambda a, b, c: _nz(a << (b & 31), 32)),
     "s_lshl_b64": (64, (64, 32), lambda a, b, c: _nz(a << (b & 63), 64)),
@@ -135,7 +141,7 @@ _COMPARE = {
 
 def decode_sop(ins, ctx):
     name = ins.mnemonic
-    if name.endswith("_saveexec_b64") or name.endswith("_wrexec_b64"):
+    if name.endswith(("_saveexec_b64", "_wrexec_b64")):
         return _saveexec(ins, ctx)
     if name.startswith(("s_cmp_", "s_cmpk_", "s_bitcmp")):
         return _compare(ins, ctx)
@@ -211,7 +217,9 @@ def _compare(ins, ctx):
     a = ctx.scalar_reader(ins.operands[0], bits, ins)
     b = ctx.scalar_reader(ins.operands[1], bits, ins)
     if immediate:  # SOPK: a 16-bit immediate, sign- or zero-extended by the type
-        b = (lambda inner: lambda w: sx(inner(w), 16) & M32 if signed else inner(w) & 0xFFFF)(b)
+        constant = b(None)
+        constant = sx(constant, 16) & M32 if signed else constant & 0xFFFF
+        b = lambda w: constant
     if signed:
         def cmp_signed(w):
             w.scc = int(relation(sx(a(w), bits), sx(b(w), bits)))

@@ -40,8 +40,22 @@ class Wave:
     """
 
     __slots__ = (
-        "s", "r", "f", "i", "scc", "exec", "mask", "full", "pc", "group", "index", "done",
-        "waiting", "polls", "sleep_rounds", "pending_stores",
+        "done",
+        "exec",
+        "f",
+        "full",
+        "group",
+        "i",
+        "index",
+        "mask",
+        "pc",
+        "pending_stores",
+        "polls",
+        "r",
+        "s",
+        "scc",
+        "sleep_rounds",
+        "waiting",
     )
 
     def __init__(self, group, index: int, vector_registers: int):
@@ -71,7 +85,7 @@ class Wave:
 
 
 class Workgroup:
-    __slots__ = ("id", "index", "lds", "waves", "arrived")
+    __slots__ = ("arrived", "id", "index", "lds", "waves")
 
     def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int):
         self.index = index

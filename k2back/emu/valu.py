@@ -20,7 +20,7 @@ import numpy as np
 
 from . import numerics as nx
 from .errors import UnsupportedInstruction
-from .operands import MASK, TYPES, vector_reader, vector_writer
+from .operands import MASK, TYPES, vector_reader, vector_writer, with_modifiers
 from .state import LANES, mask_to_int
 
 U32, I32, F32 = np.uint32, np.int32, np.float32
@@ -171,6 +171,11 @@ def _ldexp(x, e):
     return np.ldexp(x, np.clip(e, -1000, 1000))
 
 
+def _ubyte_to_f32(index: int):
+    shift = U32(8 * index)
+    return lambda a: ((a >> shift) & U32(0xFF)).astype(F32)
+
+
 def _transcendental(name):
     fn = nx.TRANSCENDENTALS[name]
     return lambda x: fn(x, denormals=True)
@@ -226,8 +231,7 @@ VOP: dict[str, tuple[str, str, object]] = {
     "v_cvt_f64_u32": ("f64", "u32", lambda a: a.astype(np.float64)),
     "v_cvt_i32_f64": ("i32", "f64", lambda a: _to_int(a, -2**31, 2**31 - 1, I32)),
     "v_cvt_u32_f64": ("u32", "f64", lambda a: _to_int(a, 0, 2**32 - 1, U32)),
-    **{f"v_cvt_f32_ubyte{i}": ("f32", "u32", (lambda i: lambda a: ((a >> U32(8 * i)) & U32(0xFF)).astype(F32))(i))
-       for i in range(4)},
+    **{f"v_cvt_f32_ubyte{i}": ("f32", "u32", _ubyte_to_f32(i)) for i in range(4)},
     "v_cvt_pkrtz_f16_f32": ("b32", "f32 f32", lambda a, b: nx.pack_halves(
         np.stack(np.broadcast_arrays(_f16_rtz(a).view(np.uint16), _f16_rtz(b).view(np.uint16)), -1))),
     "v_cvt_pk_bf16_f32": ("b32", "f32 f32", lambda a, b: nx.cvt_pk_bf16_f32(*np.broadcast_arrays(a, b))),
@@ -474,13 +478,26 @@ def decode_valu(ins, ctx):
     if ins.modifiers.get("clamp"):
         if dst_types[0] not in ("f32", "f16", "f64"):
             raise UnsupportedInstruction(f"integer clamp on {ins.mnemonic} ({where})")
-        fn = (lambda inner: lambda *a: np.clip(inner(*a), 0, 1))(fn)
+        fn = _clamped(fn)
     if base.startswith("v_cmpx"):  # the mask goes to sdst and to exec
-        fn = (lambda inner: lambda *a: (lambda m: (m, m))(inner(*a)))(fn)
+        fn = _twice(fn)
         writes.append(lambda w, m: w.set_exec(w.exec & mask_to_int(np.broadcast_to(m, (LANES,)))))
     if encoding == "dpp":
         return _dpp(ins, fn, reads, writes)
     return _run(fn, reads, writes)
+
+
+def _clamped(fn):
+    """The clamp bit on a float result: clip to [0, 1]."""
+    return lambda *sources: np.clip(fn(*sources), 0, 1)
+
+
+def _twice(fn):
+    """v_cmpx: one compare result for two destinations (sdst, then exec)."""
+    def both(*sources):
+        mask = fn(*sources)
+        return mask, mask
+    return both
 
 
 def _typed_reader(op, type_name, where, high):
@@ -551,11 +568,7 @@ def _sdwa_reader(op, type_name, ins, index):
         if dtype.itemsize == 2:
             return field.astype(np.uint16).view(dtype)
         return field.view(dtype)
-    if op.abs:
-        read = (lambda inner: lambda w: np.abs(inner(w)))(read)
-    if op.neg:
-        read = (lambda inner: lambda w: -inner(w))(read)
-    return read
+    return with_modifiers(op, read)
 
 
 def _strip_modifiers(op):
@@ -721,7 +734,7 @@ def _fp8_convert(ins, ctx, base):
     op_sel = _bits(ins.modifiers.get("op_sel"), len(srcs) + 1)  # sources, then destination
     encoding = split_mnemonic(ins.mnemonic)[1]
     if encoding == "sdwa":
-        select, width = _SEL[ins.modifiers.get("src0_sel", "DWORD")]
+        select = _SEL[ins.modifiers.get("src0_sel", "DWORD")][0]
         byte_sel, word_sel = select // 8, select // 16
     else:
         byte_sel, word_sel = op_sel[0] + 2 * op_sel[1], op_sel[0]
