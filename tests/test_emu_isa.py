@@ -143,3 +143,29 @@ def test_mfma_accumulating_in_agprs(arch):
     run_handwritten(arch, body, out, agprs=4)
     # every lane holds k-values (1, 1, 1, 2) of A and B: each dot product is 4 * (1+1+1+4) = 28
     np.testing.assert_array_equal(out, np.broadcast_to(np.float32([1, 0, 3, 3]) + 2 * 28, (64, 4)))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_global_d16_hi_loads_and_stores(arch):
+    # out[0:64] holds 16-bit values; each lane loads its value into the high half of
+    # a register whose low half is 0x1234 (and a sign-extended byte into another),
+    # then stores the high half back as a short at out + 256.
+    body = f"""{STORE_OUT}
+\tv_lshlrev_b32_e32 v1, 1, v0
+\tv_mov_b32_e32 v2, 0x1234
+\tglobal_load_short_d16_hi v2, v1, s[2:3]
+\tv_mov_b32_e32 v3, 0x5678
+\tglobal_load_sbyte_d16_hi v3, v1, s[2:3]
+\ts_waitcnt vmcnt(0)
+\tglobal_store_short_d16_hi v1, v2, s[2:3] offset:256
+\tv_lshlrev_b32_e32 v4, 3, v0
+\tglobal_store_dwordx2 v4, v[2:3], s[2:3] offset:512"""
+    out = np.zeros(512 + 64 * 8, np.uint8)
+    halves = (np.arange(64, dtype=np.uint16) * 0x0F03 + 0x80)
+    out[:128] = halves.view(np.uint8)
+    run_handwritten(arch, body, out)
+    np.testing.assert_array_equal(out[256:384].view(np.uint16), halves)
+    regs = out[512:].view(np.uint32).reshape(64, 2)
+    np.testing.assert_array_equal(regs[:, 0], (halves.astype(np.uint32) << 16) | 0x1234)
+    low_byte = (halves & 0xFF).astype(np.int8).astype(np.int16).view(np.uint16).astype(np.uint32)
+    np.testing.assert_array_equal(regs[:, 1], (low_byte << 16) | 0x5678)
