@@ -94,6 +94,16 @@ def load_lanes(w, row: int, data: np.ndarray, kind: str) -> None:
     write_rows(w, row, merged[:, None])
 
 
+def issued(counter, access):
+    """The instruction `access(w)`, run only when some lane is active, counted per
+    cache policy."""
+    def run(w):
+        if w.exec:
+            counter[0] += 1
+            access(w)
+    return run
+
+
 def _access(suffix: str, ins, store: bool):
     table = STORE_ACCESS if store else ACCESS
     if suffix not in table:
@@ -133,17 +143,13 @@ def decode_global(ins, ctx):
 
     if op == "load":
         def load(w):
-            if w.exec:
-                counter[0] += 1
-                ctx.before_load(w)
-                load_lanes(w, row, memory.read(address(w), size, who(w, ins)), kind)
-        return load
+            ctx.before_load(w)
+            load_lanes(w, row, memory.read(address(w), size, who(w, ins)), kind)
+        return issued(counter, load)
 
     def store(w):
-        if w.exec:
-            counter[0] += 1
-            ctx.store(w, memory.write, address(w), store_bytes(w, row, size, kind), who(w, ins))
-    return store
+        ctx.store(w, memory.write, address(w), store_bytes(w, row, size, kind), who(w, ins))
+    return issued(counter, store)
 
 
 def _global_address(ins, ctx, segment, operands, offset):
@@ -204,15 +210,12 @@ def _global_atomic(ins, ctx, name, offset, segment):
     memory = ctx.memory
 
     def atomic(w):
-        if not w.exec:
-            return
-        counter[0] += 1
         ctx.before_load(w)
         old = memory.atomic(address(w), form.dtype, form.update, form.sources(w, data_row), who(w, ins))
         if returns:
             write_rows(w, dst_row, form.returned(old))
         ctx.progress()
-    return atomic
+    return issued(counter, atomic)
 
 
 # ---------------------------------------------------------------- buffer (MUBUF)
@@ -224,9 +227,7 @@ def decode_buffer(ins, ctx):
     if op in ("wbl2", "inv", "wbinvl1"):
         counter, _ = _note_cache_policy(ctx, ins, ins.mnemonic)
 
-        def cache_control(w):
-            counter[0] += 1
-        return cache_control
+        return issued(counter, lambda w: None)
     if ins.modifiers.get("lds") or suffix.startswith("format") or op not in ("load", "store", "atomic"):
         raise UnsupportedInstruction(f"{ins.mnemonic} not implemented ({ins.where()})")
     data_op, vaddr_op, rsrc_op, soffset_op = ins.operands
@@ -274,9 +275,6 @@ def decode_buffer(ins, ctx):
 
     if op == "load":
         def load(w):
-            if not w.exec:
-                return
-            counter[0] += 1
             ctx.before_load(w)
             addresses, in_range = locate(w, element, count)
             if in_range is None:
@@ -286,12 +284,9 @@ def decode_buffer(ins, ctx):
             if in_range.any():
                 data[in_range] = memory.read(addresses[in_range], element, who(w, ins))
             load_lanes(w, row, data.reshape(addresses.shape[0], size), kind)
-        return load
+        return issued(counter, load)
 
     def store(w):
-        if not w.exec:
-            return
-        counter[0] += 1
         addresses, in_range = locate(w, element, count)
         if in_range is None:
             ctx.store(w, memory.write, addresses, store_bytes(w, row, size, kind), who(w, ins))
@@ -299,7 +294,7 @@ def decode_buffer(ins, ctx):
             data = store_bytes(w, row, size, kind).reshape(addresses.shape + (element,))
             if in_range.any():
                 ctx.store(w, memory.write, addresses[in_range], data[in_range], who(w, ins))
-    return store
+    return issued(counter, store)
 
 
 def _buffer_atomic(ins, ctx, name, data_op, locate, counter):
@@ -309,9 +304,6 @@ def _buffer_atomic(ins, ctx, name, data_op, locate, counter):
     memory = ctx.memory
 
     def atomic(w):
-        if not w.exec:
-            return
-        counter[0] += 1
         ctx.before_load(w)
         addresses, in_range = locate(w, form.dtype.itemsize, 1)
         if in_range is None:
@@ -325,7 +317,7 @@ def _buffer_atomic(ins, ctx, name, data_op, locate, counter):
         if returns:
             write_rows(w, row, form.returned(old))
         ctx.progress()
-    return atomic
+    return issued(counter, atomic)
 
 
 # ---------------------------------------------------------------- scalar memory (SMEM)
