@@ -88,13 +88,15 @@ def _perm(a, b, sel):
 def _perm_halves(low: int, high: int):
     """v_perm_b32 for selectors moving whole 16-bit halves (byte picks `low`,
     low+1 and `high`, high+1 even): shifts and masks instead of a byte gather."""
-    def half(pick, to_high):
-        source = (lambda a, b: a) if pick >= 4 else (lambda a, b: b)
-        if pick % 4 == 2:
-            return (lambda a, b: source(a, b) & U32(0xFFFF0000)) if to_high else (lambda a, b: source(a, b) >> U32(16))
-        return (lambda a, b: source(a, b) << U32(16)) if to_high else (lambda a, b: source(a, b) & U32(0xFFFF))
-    lo, hi = half(low, False), half(high, True)
-    return lambda a, b: lo(a, b) | hi(a, b)
+    low_from_src0, high_from_src0 = low >= 4, high >= 4
+    low_is_upper, high_is_upper = low % 4 == 2, high % 4 == 2
+
+    def perm(a, b):
+        x, y = (a if low_from_src0 else b), (a if high_from_src0 else b)
+        lo = (x >> U32(16)) if low_is_upper else (x & U32(0xFFFF))
+        hi = (y & U32(0xFFFF0000)) if high_is_upper else (y << U32(16))
+        return lo | hi
+    return perm
 
 
 _PERM_HALVES = {low | (low + 1) << 8 | high << 16 | (high + 1) << 24: _perm_halves(low, high)
@@ -757,9 +759,11 @@ def _fp8_convert(ins, ctx, base):
                 write_hi(w, value[..., 1])
             return decode_scaled_pair
 
-        def decode_pair(w):  # the two bytes of the selected word, by the format's table
+        table = fmt.values  # numerics' decode table of the format, indexed by the byte
+
+        def decode_pair(w):  # the two bytes of the selected word
             codes = _lanes(src[0](w)).view(np.uint8)
-            low, high = nx.decode(fmt, codes[2 * word_sel::4]), nx.decode(fmt, codes[2 * word_sel + 1::4])
+            low, high = table[codes[2 * word_sel::4]], table[codes[2 * word_sel + 1::4]]
             write_lo(w, low)  # the destination may be the source register
             write_hi(w, high)
         return decode_pair
