@@ -93,7 +93,7 @@ class DecodeContext:
         self.index = 0
 
     def operand(self, token: str, ins):
-        return parse(token, self.accum_offset, ins.where())
+        return parse(token, self.accum_offset, ins)
 
     def scalar_reader(self, token: str, bits: int, ins):
         return scalar_reader(self.operand(token, ins), bits, ins.where())

@@ -10,6 +10,7 @@ bit per lane (vcc, carries, compares). 16-bit types live in the low half of a
 
 from __future__ import annotations
 
+import functools
 import re
 
 import ml_dtypes
@@ -79,11 +80,17 @@ def _is_number(text: str) -> bool:
     return True
 
 
-def parse(token: str, accum_offset: int, where: str) -> Operand:
+def parse(token: str, accum_offset: int, ins) -> Operand:
+    """The operand `token` of instruction `ins` (shared: decoders copy before changing one)."""
     try:
-        return Operand(token, accum_offset)
+        return _parsed(token, accum_offset)
     except ValueError:
-        raise UnsupportedInstruction(f"operand {token!r} not supported ({where})") from None
+        raise UnsupportedInstruction(f"operand {token!r} not supported ({ins.where()})") from None
+
+
+@functools.lru_cache(maxsize=65536)
+def _parsed(token: str, accum_offset: int) -> Operand:
+    return Operand(token, accum_offset)
 
 
 # ---------------------------------------------------------------- scalar (Python ints)
