@@ -90,7 +90,6 @@ class DecodeContext:
         self.memory = machine.memory
         self.stats = stats
         self.code_address = CODE_ADDRESS
-        self.index = 0
 
     def operand(self, token: str, ins):
         return parse(token, self.accum_offset, ins)
@@ -202,8 +201,7 @@ class Machine:
 
     def _decode(self, kernel, ctx):
         code, classes = [], []
-        for index, ins in enumerate(kernel.instructions):
-            ctx.index = index
+        for ins in kernel.instructions:
             classes.append(dispatch(ins.mnemonic)[0])
             try:
                 code.append(decode(ins, ctx))
