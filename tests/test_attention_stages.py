@@ -5,6 +5,8 @@ against the reference of record's chunk intermediates and XO."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import math
 from pathlib import Path
 
@@ -12,12 +14,14 @@ import jinja2
 import pytest
 import torch
 
+from k2back.codegen import plan_attention as plan_attention_module
 from k2back.codegen import render, signature
 from k2back.codegen.compiler import IRSource, compile
 from k2back.codegen.plan import plan
+from k2back.codegen.plan_attention import ARCH_TARGETS, MIN_SPLIT_TASKS, plan_attention
 from k2back.emu import Machine
 from k2back.formats import KV_DATA_BYTES
-from k2back.model import HEAD_DIM, MX_BLOCK, NOPE_DIM
+from k2back.model import GEOMETRIES, HEAD_DIM, MX_BLOCK, NOPE_DIM
 from k2back.reference import attention_back
 from k2back.runtime.kernargs import LaunchDims, pack_kernargs
 from k2back.runtime.launch import kernel_arguments
@@ -169,6 +173,18 @@ def test_edge_cases(arch, name, overrides):
 
 
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
+def test_idle_waves_when_lds_is_short(arch, monkeypatch):
+    """Fewer parts than waves allow (the parts' dots would not fit LDS, as
+    for 128 heads on gfx942): the spare waves sit the QK out."""
+    target = plan_attention_module.ARCH_TARGETS[arch]
+    monkeypatch.setitem(plan_attention_module.ARCH_TARGETS, arch,
+                        dataclasses.replace(target, lds_bytes=40 * 1024))
+    a = plan("tiny", 1, 3, 2, arch).attention
+    assert a.key_tiles * a.key_parts < 8
+    check_split(arch, 1, 3, 2, {})
+
+
+@pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
 def test_negative_zero_key_bytes(arch):
     """OCP -0 (0x80) key bytes are NaN to gfx942's FNUZ converter: they must
     decode to 0. Every zero nope byte of every cache record becomes 0x80 (the
@@ -204,3 +220,57 @@ def test_split_instruction_choice(arch):
     qk = "v_mfma_f32_16x16x16_bf16" if arch == "gfx942" else "v_mfma_f32_16x16x32_bf16"
     assert qk in asm and "v_mfma_f32_16x16x16_bf16" in asm
     assert "scratch_" not in asm
+
+
+# --- the plan ----------------------------------------------------------------
+
+PLANS = [(g, tp, tokens, arch) for g in GEOMETRIES for tp in (1, 2, 4, 8)
+         if GEOMETRIES[g].groups % tp == 0 for tokens in (1, 3, 16, 64) for arch in ARCH_TARGETS]
+
+
+@pytest.mark.parametrize("geometry,tp,tokens,arch", PLANS)
+def test_plan_fits_and_covers(geometry, tp, tokens, arch):
+    rank = GEOMETRIES[geometry].rank(tp)
+    a = plan_attention(rank, tokens, 2, arch)
+    target = ARCH_TARGETS[arch]
+    assert a.lds_bytes <= target.lds_bytes
+    assert a.nchunk * a.chunk_keys >= rank.keys > (a.nchunk - 1) * a.chunk_keys
+    assert a.split_tasks == tokens * a.nchunk and a.combine_tasks * 8 == tokens * rank.heads
+    # members 16-B aligned and disjoint, except what the plan says aliases q
+    aliases = {"q", "p", "dots"}
+    spans = sorted((off, off + size, name) for name, (off, size) in a.lds.items()
+                   if name not in aliases - {"q"})
+    assert all(off % 16 == 0 for off, _, _ in spans)
+    assert all(end <= nxt for (_, end, _), (nxt, _, _) in itertools.pairwise(spans))
+    assert all(a.lds[n][0] == a.lds["q"][0] and a.lds[n][1] <= a.lds["q"][1] for n in aliases)
+    # the chunk: as large as LDS allows while MIN_SPLIT_TASKS tasks remain
+    bigger = [ck for ck in (64, 128) if a.chunk_keys < ck <= target.max_chunk_keys]
+    assert all(tokens * math.ceil(rank.keys / ck) < MIN_SPLIT_TASKS for ck in bigger)
+
+
+@pytest.mark.parametrize("parts", (1, 2, 4))
+def test_part_pieces_cover_the_record_once_and_balance(parts):
+    a = plan_attention(GEOMETRIES["tiny"].rank(4), 1, 2, "gfx950", chunk_keys=128 // parts)
+    assert a.key_parts == parts
+    names = [n for part in a.part_pieces for n in part]
+    assert sorted(names) == sorted(n for n, _, _ in a.record_pieces)
+    # MFMAs a part: 16 dims a lane of a nope piece, 8 of a rope piece
+    work = {sum(16 if n[0] == "n" else 8 for n in part) for part in a.part_pieces}
+    assert len(work) == 1
+    for word, users in enumerate(a.scale_word_parts):
+        codes = {f"n{j}" for j in range(4 * word, 4 * word + 4)}
+        assert set(users) == {a.piece_part[n] for n in codes if n in a.piece_part}
+
+
+@pytest.mark.parametrize("kwargs,argument", [
+    ({"arch": "gfx90a"}, "arch"),
+    ({"tokens": 0}, "tokens"),
+    ({"tokens": 65}, "tokens"),
+    ({"ratio": 3}, "ratio"),
+    ({"chunk_keys": 48}, "chunk_keys"),
+    ({"chunk_keys": 128}, "chunk_keys"),  # gfx942: 128 records do not fit its LDS
+])
+def test_plan_rejects_unsupported(kwargs, argument):
+    args = {"rank": GEOMETRIES["tiny"].rank(4), "tokens": 3, "ratio": 2, "arch": "gfx942"} | kwargs
+    with pytest.raises(ValueError, match=f"^{argument}: expected"):
+        plan_attention(**args)

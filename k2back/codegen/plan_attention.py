@@ -100,7 +100,8 @@ class AttentionPlan:
         no comp_cache: compressed entries are treated as invalid)
       chunk_keys (CK), nchunk = ceil(keys / CK)
       split_tasks = S·nchunk, combine_tasks = S·H/8
-      key_tiles = CK/16, key_parts = 8/key_tiles: wave w scores key tile
+      key_tiles = CK/16, key_parts <= 8/key_tiles (as many as LDS allows for
+        the parts' dots): wave w < key_tiles·key_parts scores key tile
         w % key_tiles (keys c·CK + 16·tile ..) over the record pieces
         part_pieces[w // key_tiles]; part 0 sums the parts' dots and does the
         softmax; every wave then does the PV of dims 64w .. 64w+63
@@ -130,6 +131,7 @@ class AttentionPlan:
     split_tasks: int
     combine_tasks: int
     key_tiles: int
+    key_parts: int
     head_tiles: int
     mfma_k: int
     lds: dict[str, tuple[int, int]] = field(hash=False)
@@ -144,10 +146,6 @@ class AttentionPlan:
     q_row = Q_ROW
     raw_stride = RAW_STRIDE
     record_pieces = RECORD_PIECES
-
-    @property
-    def key_parts(self) -> int:
-        return WAVES // self.key_tiles
 
     @property
     def part_pieces(self) -> tuple[tuple[str, ...], ...]:
@@ -181,9 +179,10 @@ class AttentionPlan:
         return self.heads // self.combine_heads
 
 
-def _lds_members(heads_padded: int, key_tiles: int, chunk_keys: int) -> dict[str, tuple[int, int]]:
+def _lds_members(heads_padded: int, chunk_keys: int, parts: int) -> dict[str, tuple[int, int]]:
+    key_tiles = chunk_keys // KEY_TILE
     p_bytes = heads_padded * (2 * chunk_keys + P_PAD)
-    dots_bytes = (WAVES // key_tiles - 1) * key_tiles * heads_padded // HEAD_TILE * WAVE * 16
+    dots_bytes = (parts - 1) * key_tiles * heads_padded // HEAD_TILE * WAVE * 16
     sizes = {
         # q is dead once the last QK has read it: the parts' dots, then p,
         # take its place
@@ -201,6 +200,20 @@ def _lds_members(heads_padded: int, key_tiles: int, chunk_keys: int) -> dict[str
     return members
 
 
+def _layout(heads: int, chunk_keys: int, target: ArchTarget):
+    """(key_parts, LDS members, bytes) of a chunk size: the most parts whose
+    dots exchange still fits LDS (fewer parts leave waves idle in the QK), or
+    None when not even one part fits."""
+    heads_padded = math.ceil(heads / HEAD_TILE) * HEAD_TILE
+    for parts in sorted((p for p in PART_PIECES if p <= WAVES * KEY_TILE // chunk_keys),
+                        reverse=True):
+        lds = _lds_members(heads_padded, chunk_keys, parts)
+        lds_bytes = max(off + size for off, size in lds.values())
+        if lds_bytes <= target.lds_bytes:
+            return parts, lds, lds_bytes
+    return None
+
+
 def _scratch(tokens: int, nchunk: int, heads: int) -> dict[str, int]:
     return {
         "partials": tokens * nchunk * heads * HEAD_DIM * 2,
@@ -210,16 +223,19 @@ def _scratch(tokens: int, nchunk: int, heads: int) -> dict[str, int]:
     }
 
 
-def default_chunk_keys(keys: int, tokens: int, target: ArchTarget) -> int:
-    """The largest chunk that still leaves MIN_SPLIT_TASKS split tasks.
+def default_chunk_keys(keys: int, heads: int, tokens: int, target: ArchTarget) -> int:
+    """The largest chunk that fits LDS and still leaves MIN_SPLIT_TASKS split
+    tasks.
 
     A chunk's waves score their 16 keys each in parallel, so a bigger chunk
     costs a task little latency, while every chunk rereads the token's q and
     writes (and combine reads) an H·1 KiB partial: global bytes beyond SPEC
     §6's minimum, S·nchunk·H·2 KiB in all. More tasks than a few buy no
-    latency; fewer leave one CTA to do a whole token. Chunks of at least 32
-    keys; the raw records must fit LDS (max_chunk_keys)."""
-    fitting = [ck for ck in CHUNK_KEYS if 32 <= ck <= target.max_chunk_keys]
+    latency; fewer leave one CTA to do a whole token."""
+    fitting = [ck for ck in CHUNK_KEYS
+               if ck <= target.max_chunk_keys and _layout(heads, ck, target)]
+    if not fitting:
+        raise ValueError(f"heads: {heads} heads leave no chunk size room in LDS")
     for ck in reversed(fitting):
         if tokens * math.ceil(keys / ck) >= MIN_SPLIT_TASKS:
             return ck
@@ -241,7 +257,7 @@ def plan_attention(
     heads, keys = rank.heads, rank.keys
     if heads % HEADS_PER_GROUP:
         raise ValueError(f"heads: expected a multiple of {HEADS_PER_GROUP}, got {heads}")
-    ck = default_chunk_keys(keys, tokens, target) if chunk_keys is None else chunk_keys
+    ck = default_chunk_keys(keys, heads, tokens, target) if chunk_keys is None else chunk_keys
     allowed = [c for c in CHUNK_KEYS if c <= target.max_chunk_keys]
     if ck not in allowed:
         raise ValueError(f"chunk_keys: expected one of {allowed} on {arch}, got {ck!r}")
@@ -251,15 +267,15 @@ def plan_attention(
             f"chunk_keys: {ck} splits {keys} keys into {nchunk} chunks, "
             f"combine supports at most {MAX_CHUNKS}"
         )
-    key_tiles = ck // KEY_TILE
-    head_tiles = math.ceil(heads / HEAD_TILE)
-    lds = _lds_members(head_tiles * HEAD_TILE, key_tiles, ck)
-    lds_bytes = max(off + size for off, size in lds.values())
-    if lds_bytes > target.lds_bytes:
+    layout = _layout(heads, ck, target)
+    if layout is None:
+        need = max(off + size for off, size in _lds_members(
+            math.ceil(heads / HEAD_TILE) * HEAD_TILE, ck, 1).values())
         raise ValueError(
-            f"chunk_keys: {ck} keys with {heads} heads need {lds_bytes} B of LDS, "
+            f"chunk_keys: {ck} keys with {heads} heads need {need} B of LDS, "
             f"{arch} has {target.lds_bytes}"
         )
+    key_parts, lds, lds_bytes = layout
     return AttentionPlan(
         arch=arch,
         tokens=tokens,
@@ -270,8 +286,9 @@ def plan_attention(
         nchunk=nchunk,
         split_tasks=tokens * nchunk,
         combine_tasks=tokens * heads // min(HEADS_PER_GROUP, heads),
-        key_tiles=key_tiles,
-        head_tiles=head_tiles,
+        key_tiles=ck // KEY_TILE,
+        key_parts=key_parts,
+        head_tiles=math.ceil(heads / HEAD_TILE),
         mfma_k=target.mfma_k,
         lds=lds,
         lds_bytes=lds_bytes,
