@@ -169,3 +169,34 @@ def test_global_d16_hi_loads_and_stores(arch):
     np.testing.assert_array_equal(regs[:, 0], (halves.astype(np.uint32) << 16) | 0x1234)
     low_byte = (halves & 0xFF).astype(np.int8).astype(np.int16).view(np.uint16).astype(np.uint32)
     np.testing.assert_array_equal(regs[:, 1], (low_byte << 16) | 0x5678)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_clocks_and_pc_are_deterministic(arch):
+    # s_memtime / s_memrealtime count executed wave-instructions; s_getpc_b64 gives
+    # the (stand-in) address of the next instruction.
+    body = f"""{STORE_OUT}
+\ts_memtime s[4:5]
+\ts_nop 0
+\ts_nop 0
+\ts_memrealtime s[6:7]
+\ts_getpc_b64 s[8:9]
+\ts_getpc_b64 s[10:11]
+\tv_mov_b32_e32 v1, 0
+\tv_mov_b32_e32 v2, s4
+\tv_mov_b32_e32 v3, s5
+\tv_mov_b32_e32 v4, s6
+\tv_mov_b32_e32 v5, s7
+\tglobal_store_dwordx4 v1, v[2:5], s[2:3]
+\tv_mov_b32_e32 v2, s8
+\tv_mov_b32_e32 v3, s9
+\tv_mov_b32_e32 v4, s10
+\tv_mov_b32_e32 v5, s11
+\tglobal_store_dwordx4 v1, v[2:5], s[2:3] offset:16"""
+    first, second = np.zeros(4, np.uint64), np.zeros(4, np.uint64)
+    run_handwritten(arch, body, first)
+    run_handwritten(arch, body, second)
+    np.testing.assert_array_equal(first, second)  # the same on every run
+    memtime, realtime, pc, next_pc = (int(v) for v in first)
+    assert realtime - memtime == 3  # wave-instructions executed in between, itself included
+    assert next_pc - pc == 8 and pc % 4 == 0

@@ -134,7 +134,8 @@ class DecodeContext:
             self.progress()
 
     def clock(self) -> int:
-        return self.machine._clock
+        """Wave-instructions executed on this machine so far, this one included."""
+        return self.machine._clock + sum(self.machine._hits)
 
 
 class Machine:
@@ -224,7 +225,6 @@ class Machine:
                 if w.waiting or wake.get(w, 0) > round_number:
                     continue
                 ran, reason = self._run_quantum(w, code, hits, kernel)
-                self._clock += ran
                 executed += ran
                 if reason == "sleep":
                     wake[w] = round_number + 1 + w.sleep_rounds
@@ -239,6 +239,7 @@ class Machine:
                 raise Deadlock(_deadlock_report(live, kernel, f"more than {self.max_wave_instructions:,} "
                                                                "wave-instructions"))
         stats.rounds = round_number
+        self._clock += executed
 
     def _run_quantum(self, w, code, hits, kernel):
         """Run `w` for up to one quantum; returns (instructions run, why it stopped)."""
