@@ -23,6 +23,7 @@ import torch
 from k2back.codegen.compiler import compile as compile_source
 from k2back.codegen.plan import ARCHS, plan
 from k2back.codegen.render import KernelSource
+from k2back.emu import Machine
 from k2back.reference import attention_back
 from k2back.runtime import launch
 from k2back.runtime.emu import EmuBackend
@@ -139,6 +140,34 @@ def test_kernel_edge_cases(arch, edge):
 def test_kernel_v41_flash(arch, tp, tokens, ratio):
     inputs = testing.make_inputs("v4.1-flash", tp, tokens, ratio, seed=3)
     launch_and_check("v4.1-flash", tp, tokens, ratio, arch, inputs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, tp, tokens, ratio", [("gfx950", 2, 64, 1), ("gfx942", 1, 64, 2),
+                                                     ("gfx942", 8, 33, 1)])
+def test_kernel_many_tokens_and_ratio_1(arch, tp, tokens, ratio):
+    """The token limit (4 MFMA token tiles), a partial last tile, ratio 1."""
+    inputs = testing.make_inputs("tiny", tp, tokens, ratio, seed=5)
+    launch_and_check("tiny", tp, tokens, ratio, arch, inputs)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_consumers_scheduled_first(arch):
+    """Workgroups started and scheduled in reverse order: the GEMV CTAs (high
+    numbers) poll long before any split task ran; the hand-offs still hold."""
+    spec, kernel = build("tiny", 4, 3, 2, arch)
+    inputs = testing.make_inputs("tiny", 4, 3, 2, seed=11)
+    want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
+    machine = Machine(arch)
+    scratch = launch.new_scratch(spec, "cpu")
+    out = torch.full((spec.tokens, spec.hidden), float("nan"), dtype=torch.bfloat16)
+    segment = launch.kernargs(kernel, spec, {**inputs, "out": out}, machine.map(scratch),
+                              machine.map, inputs["qk_scale"])
+    dims = launch.launch_dims(spec)
+    stats = machine.launch(kernel.asm, kernel.name, grid=dims.grid, block=dims.block,
+                           kernargs=segment, order="reverse")
+    check(spec, scratch, out, want)
+    assert stats.total_polls > 0  # someone did wait
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
