@@ -13,7 +13,9 @@ declare void @llvm.amdgcn.s.barrier()
 declare void @llvm.amdgcn.s.sleep(i32)
 """
 
-# 512 threads (8 waves): x -> LDS, then a tree sum with a barrier per level.
+# 512 threads (8 waves): x -> LDS, then a tree sum with a barrier per level; the
+# workgroup-scope fences make LLVM wait for the LDS stores (lgkmcnt) before each
+# barrier, as the AMDGPU memory model requires across waves.
 TREE_SUM = module("""
 @partial = internal addrspace(3) global [512 x float] poison, align 16
 define amdgpu_kernel void @tree_sum(ptr addrspace(1) %x, ptr addrspace(1) %out) #0 {
@@ -26,7 +28,9 @@ entry:
   br label %level
 level:
   %s = phi i32 [ 256, %entry ], [ %half, %next ]
+  fence syncscope("workgroup") release
   call void @llvm.amdgcn.s.barrier()
+  fence syncscope("workgroup") acquire
   %active = icmp ult i32 %tid, %s
   br i1 %active, label %add, label %next
 add:
@@ -42,7 +46,9 @@ next:
   %more = icmp ne i32 %half, 0
   br i1 %more, label %level, label %finish
 finish:
+  fence syncscope("workgroup") release
   call void @llvm.amdgcn.s.barrier()
+  fence syncscope("workgroup") acquire
   %first = icmp eq i32 %tid, 0
   br i1 %first, label %write, label %done
 write:
@@ -74,6 +80,23 @@ def test_lds_tree_reduction_over_eight_waves(arch):
     assert stats.barriers == 10  # 9 levels + the final one, each released once
     assert stats.instructions["barrier"] == 8 * 10
     assert stats.lds_written >= 4 * (512 + 511)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lds_stores_without_a_release_are_read_stale_across_waves(arch):
+    # Without the fences nothing waits for the LDS stores before a barrier: the
+    # LDS queues of different waves may reorder (AMDGPUUsage, GFX942 memory model).
+    unfenced = TREE_SUM.replace('  fence syncscope("workgroup") release\n', "").replace(
+        '  fence syncscope("workgroup") acquire\n', "")
+    x = rng(2).standard_normal(512).astype(np.float32)
+    sums = {}
+    for visibility in ("immediate", "waitcnt"):
+        out = np.zeros(1, np.float32)
+        run(unfenced, arch, "tree_sum", {"x": x, "out": out}, block=(512,),
+            machine=Machine(arch, store_visibility=visibility))
+        sums[visibility] = out[0]
+    assert sums["immediate"] == tree_sum_reference(x)  # stores visible at once hide the race
+    assert sums["waitcnt"] != tree_sum_reference(x)
 
 
 # Workgroup 0 produces data then raises a flag (release); workgroup 1 polls the

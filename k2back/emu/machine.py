@@ -7,8 +7,11 @@ rest of its quantum at `s_sleep N` (and then sits out N rounds), at
 `s_endpgm`. Loads and atomics take effect when issued. With the default
 `store_visibility="waitcnt"` a global store waits in its wave's queue until
 that wave's `s_waitcnt vmcnt(N)` (all but the N newest retire) or `s_endpgm`, or
-until the wave itself reads memory (it sees its own stores), so data published
-without waiting for its stores is read stale by other waves, as on the GPU;
+until the wave itself reads memory (it sees its own stores); an LDS store waits
+likewise for `s_waitcnt lgkmcnt(N)` or the wave's next LDS access (the LDS
+queues of different waves may reorder: AMDGPUUsage, GFX942 memory model). Data
+published without waiting for its stores (no release fence before the barrier
+or the flag) is then read stale by other waves, as it may be on the GPU;
 `store_visibility="immediate"` makes every store visible at once.
 
 Deadlock: progress is a global/LDS write or atomic, a barrier release, a wave
@@ -113,23 +116,34 @@ class DecodeContext:
         """Issue a global/buffer store: performed at once, or with
         store_visibility="waitcnt" queued until the storing wave's s_waitcnt vmcnt
         or s_endpgm retires it (other waves keep reading the old bytes until then)."""
+        self._issue(w.pending_stores, write, args)
+
+    def lds_store(self, w, write, *args) -> None:
+        """Issue an LDS store; queued like `store` until s_waitcnt lgkmcnt retires it."""
+        self._issue(w.pending_lds, write, args)
+
+    def _issue(self, queue, write, args) -> None:
         if self.machine.store_visibility == "immediate":
             write(*args)
             self.progress()
         else:
-            w.pending_stores.append((write, args))
+            queue.append((write, args))
 
     def before_load(self, w) -> None:
         """A wave sees its own earlier stores: retire them before it reads memory."""
         if w.pending_stores:
-            self.retire(w, 0)
+            self.retire(w.pending_stores, 0)
 
-    def retire(self, w, keep: int) -> None:
-        """Perform the wave's queued stores, oldest first, until `keep` remain."""
-        pending = w.pending_stores
-        if len(pending) > keep:
-            while len(pending) > keep:
-                write, args = pending.popleft()
+    def before_lds(self, w) -> None:
+        """A wave's LDS accesses happen in order: its own queued LDS stores first."""
+        if w.pending_lds:
+            self.retire(w.pending_lds, 0)
+
+    def retire(self, queue, keep: int) -> None:
+        """Perform a wave's queued stores, oldest first, until `keep` remain."""
+        if len(queue) > keep:
+            while len(queue) > keep:
+                write, args = queue.popleft()
                 write(*args)
             self.progress()
 
@@ -346,10 +360,14 @@ def decode(ins, ctx):
 def decode_control(ins, ctx):
     name = ins.mnemonic
     if name == "s_waitcnt":
-        keep = _vmcnt(ins)
-        if keep is None:
-            return lambda w: None
-        return lambda w: ctx.retire(w, keep) if w.pending_stores else None
+        vm, lgkm = _counter(ins, "vmcnt"), _counter(ins, "lgkmcnt")
+
+        def wait(w):
+            if vm is not None and w.pending_stores:
+                ctx.retire(w.pending_stores, vm)
+            if lgkm is not None and w.pending_lds:
+                ctx.retire(w.pending_lds, lgkm)
+        return wait
     if name in ("s_nop", "s_setprio", "s_icache_inv"):
         return lambda w: None
     if name == "s_sleep":
@@ -364,7 +382,8 @@ def decode_control(ins, ctx):
         return lambda w: _arrive(w, ctx)
     if name == "s_endpgm":
         def end(w):
-            ctx.retire(w, 0)
+            ctx.retire(w.pending_stores, 0)
+            ctx.retire(w.pending_lds, 0)
             w.done = True
             ctx.progress()
             _release_if_complete(w.group, ctx)
@@ -373,14 +392,17 @@ def decode_control(ins, ctx):
     raise UnsupportedInstruction(f"{name} not implemented ({ins.where()})")
 
 
-def _vmcnt(ins) -> int | None:
-    """The vmcnt an s_waitcnt waits for (None: it does not wait on vector memory)."""
+# The gfx9 s_waitcnt immediate: vmcnt bits 3:0 and 15:14, lgkmcnt bits 11:8.
+_RAW_COUNTERS = {"vmcnt": lambda v: (v & 0xF) | ((v >> 14) & 3) << 4, "lgkmcnt": lambda v: (v >> 8) & 0xF}
+
+
+def _counter(ins, name: str) -> int | None:
+    """The count an s_waitcnt waits for on counter `name` (None: it does not wait on it)."""
     for token in ins.operands:
-        if token.startswith("vmcnt("):
-            return int(token[6:-1])
-        if token[0].isdigit():  # the raw gfx9 immediate: vmcnt = bits 3:0 | 15:14 << 4
-            value = int(token, 0)
-            return (value & 0xF) | ((value >> 14) & 3) << 4
+        if token.startswith(f"{name}("):
+            return int(token[len(name) + 1:-1])
+        if token[0].isdigit():
+            return _RAW_COUNTERS[name](int(token, 0))
     return None
 
 

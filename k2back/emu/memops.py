@@ -416,6 +416,7 @@ def _ds_move(ins, ctx, op, suffix):
         def lds_load(w):
             if not w.exec:
                 return
+            ctx.before_lds(w)
             lds = w.group.lds
             # Both halves of a read2 are read before either is written: the
             # destination may overlap the address register.
@@ -429,13 +430,15 @@ def _ds_move(ins, ctx, op, suffix):
     def lds_store(w):
         if not w.exec:
             return
-        lds = w.group.lds
         for row, offset in zip(data_rows, offsets):
-            addresses = _lds_addresses(w, addr_row, offset, size, ins)
-            lds[addresses[:, None] + span] = store_bytes(w, row, size, kind)
-            stats.lds_written += addresses.size * size
-        ctx.progress()
+            cells = _lds_addresses(w, addr_row, offset, size, ins)[:, None] + span
+            ctx.lds_store(w, _write_lds, w.group.lds, cells, store_bytes(w, row, size, kind), stats)
     return lds_store
+
+
+def _write_lds(lds, cells, data, stats) -> None:
+    lds[cells] = data
+    stats.lds_written += data.size
 
 
 def _ds_atomic(ins, ctx):
@@ -459,6 +462,7 @@ def _ds_atomic(ins, ctx):
     def lds_atomic(w):
         if not w.exec:
             return
+        ctx.before_lds(w)
         addresses = _lds_addresses(w, addr_row, offset, dtype.itemsize, ins)
         sources = [read_rows(w, row, per_value).view(dtype)[:, 0] for row in data_rows]
         old = apply_atomic(w.group.lds, addresses, dtype, update, sources, who(w, ins))

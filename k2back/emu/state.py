@@ -49,6 +49,7 @@ class Wave:
         "index",
         "mask",
         "pc",
+        "pending_lds",
         "pending_stores",
         "polls",
         "r",
@@ -71,7 +72,9 @@ class Wave:
         self.waiting = False  # at a barrier
         self.polls = 0  # s_sleep executions
         self.sleep_rounds = 0
-        self.pending_stores = collections.deque()  # issued, not yet performed (delayed mode)
+        # stores issued but not yet performed (store_visibility="waitcnt"): global / LDS
+        self.pending_stores = collections.deque()
+        self.pending_lds = collections.deque()
         self.set_exec(M64)
 
     def set_exec(self, value: int) -> None:
