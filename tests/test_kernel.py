@@ -211,6 +211,26 @@ def test_gemv_stages(arch, tp, tokens):
     assert (region(spec, scratch, "wo_a_flags", torch.int32) == 42).all()
 
 
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_gemv_negative_zero_bytes(arch):
+    """OCP −0 (0x80) is NaN to gfx942's FNUZ converter: weight bytes set to 0x80
+    at random (value 0 for the reference too) and every 0 byte of XO written as
+    0x80 (same value) must read as 0, or out is NaN."""
+    spec, kernel = build("tiny", 2, 3, 2, arch, GEMV)
+    inputs = testing.make_inputs("tiny", 2, 3, 2, seed=4)
+    gen = torch.Generator().manual_seed(4)
+    for name in ("wo_a", "wo_b"):
+        raw = inputs[name].view(torch.uint8).clone()
+        raw[torch.rand(raw.shape, generator=gen) < 0.05] = 0x80
+        inputs[name] = raw.view(inputs[name].dtype)
+    want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
+    want_xo = want["xo"]
+    scratch = launch.new_scratch(spec, "cpu")
+    out, _ = gemv_launch(spec, kernel, inputs, {**want, "xo": torch.where(want_xo == 0, 0x80, want_xo)},
+                         scratch, epoch=0)
+    check(spec, scratch, out, want, ("x8b", "out"))
+
+
 def test_gemv_waits_for_its_flags():
     """A flag left by the previous launch (tag − 1) is not this launch's: the
     GEMVs must not start on it (the emulator reports the deadlock)."""
