@@ -20,6 +20,12 @@ Contract notes for plan.py / kernel.ll.j2 (see ARCHITECTURE.md):
   LDS write may race a slow wave's last read of the previous one).
 - `qk_scale` (kernel argument) is the raw softmax scale (512^-0.5 by
   default); the split stage multiplies it by log2(e) itself.
+- Each KV cache must stay below 4 GiB (`swa_bytes`, `comp_bytes` < 2^32):
+  buffer offsets are 32-bit; a larger cache would wrap, not fault.
+- Global bytes beyond SPEC §6's minimum: each chunk rereads its token's q
+  and hands over an H·1 KiB partial (S·nchunk·H·2 KiB in all, the chunk
+  size trades them against parallelism: default_chunk_keys); every KV
+  record, table entry of a live chunk and scale word is read once.
 - Scratch regions (element layout, row-major):
     partials  bf16 [S, nchunk, H, 512]   a chunk's bf16(Σ bf16(p)·V) per head
     stats     f32  [S, nchunk, H, 2]     (m_c, l_c): chunk max in log2 units, Σ p
