@@ -25,8 +25,9 @@ Contract notes for plan.py / kernel.ll.j2 (see ARCHITECTURE.md):
 - Global bytes beyond SPEC §6's minimum: each chunk rereads its token's q
   and hands over an H·1 KiB partial (S·nchunk·H·2 KiB in all, the chunk
   size trades them against parallelism: default_chunk_keys); every KV
-  record is read once, a table entry once by each wave sharing its key tile
-  (key_parts · 4 B a key).
+  record is read once (with 4 key parts, 32-key chunks, each scale word
+  twice), a table entry once by each wave sharing its key tile (key_parts ·
+  4 B a key).
 - Scratch regions (element layout, row-major):
     partials  bf16 [S, nchunk, H, 512]   a chunk's bf16(Σ bf16(p)·V) per head
     stats     f32  [S, nchunk, H, 2]     (m_c, l_c): chunk max in log2 units, Σ p
