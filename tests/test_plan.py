@@ -1,0 +1,112 @@
+"""The planner: every supported configuration plans within the arch's budgets,
+every task of every stage runs on exactly one CTA, scratch regions are aligned
+and disjoint, the spec survives JSON; anything unsupported is refused by name."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+from k2back.codegen.plan import ARCHS, MAX_TOKENS, REGION_ALIGN, KernelSpec, plan
+from k2back.model import GEOMETRIES, MX_BLOCK, TP_DEGREES
+
+CONFIGS = [
+    (geo, tp, tokens, ratio, arch)
+    for geo, g in GEOMETRIES.items()
+    for tp in TP_DEGREES if g.groups % tp == 0
+    for tokens in (1, 2, 3, 16, 17, 33, MAX_TOKENS)
+    for ratio in (0, 1, 2)
+    for arch in sorted(ARCHS)
+]
+
+
+def stage_assignment(spec: KernelSpec, stage: str) -> dict[int, list[int]]:
+    """CTA -> its tasks of `stage`, by the rule the kernel template implements."""
+    tasks, first, ctas = spec.stage_tasks[stage]
+    owned = {}
+    for b in range(spec.blocks):
+        local = (b - first) % spec.blocks
+        owned[b] = [t for t in range(local, tasks, ctas)] if local < ctas else []
+    return owned
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: "-".join(map(str, c)))
+def test_supported_configuration(config):
+    geo, tp, tokens, ratio, arch = config
+    spec = plan(*config)
+    info = ARCHS[arch]
+    assert (spec.blocks, spec.threads) == (info.blocks, 512)
+    assert spec.name == f"k2_back_{geo.replace('.', '').replace('-', '')}_tp{tp}_s{tokens}_r{ratio}_{arch}"
+
+    # LDS: every member inside the allocation, the kernel's word apart from all stages
+    assert spec.lds_bytes <= info.lds_budget
+    tag = spec.lds_member("kernel", "tag")
+    for m in spec.lds:
+        assert 0 <= m.offset and m.offset + m.bytes <= spec.lds_bytes
+        if m.stage != "kernel":
+            assert m.offset + m.bytes <= tag.offset
+
+    # scratch: aligned, disjoint, in order, sized as the stages address them
+    ends = 0
+    for r in spec.scratch:
+        assert r.offset % REGION_ALIGN == 0 and r.offset >= ends
+        ends = r.offset + r.bytes
+    assert ends <= spec.scratch_bytes
+    assert spec.region("x8b").bytes == tokens * spec.o_rows
+    assert spec.region("x8b_codes").bytes == tokens * spec.o_rows // MX_BLOCK
+    assert spec.region("epoch_marks").bytes == 4 * spec.blocks
+    for stage, flags in (("split", "split_flags"), ("combine", "combine_flags"),
+                         ("wo_a", "wo_a_flags")):
+        assert spec.region(flags).bytes == 4 * spec.stage_tasks[stage][0]
+
+    # every task once; GEMV k split into whole 64-B steps over the waves
+    owners = {stage: stage_assignment(spec, stage) for stage in spec.stage_tasks}
+    for stage, owned in owners.items():
+        tasks = sorted(t for ts in owned.values() for t in ts)
+        assert tasks == list(range(spec.stage_tasks[stage][0])), stage
+    for st in (spec.wo_a, spec.wo_b):
+        assert st.k_waves * st.k_steps * 64 == st.k and st.k_steps % st.code_steps == 0
+        assert max(len(ts) for ts in owners[st.name].values()) == st.per_cta
+        assert st.token_tiles == math.ceil(tokens / 16)
+    # wo_b on CTAs without earlier work where there are enough (at 2 tasks each)
+    free = spec.blocks - sum(spec.stage_tasks[s][0] for s in ("split", "combine", "wo_a"))
+    if free > 0 and 2 * free >= spec.wo_b.tasks:
+        for b, ts in owners["wo_b"].items():
+            if ts:
+                assert not any(owners[s][b] for s in ("split", "combine", "wo_a")), b
+
+    assert KernelSpec.from_json(spec.to_json()) == spec
+    assert hash(KernelSpec.from_json(spec.to_json())) == hash(spec)
+
+
+def test_minimum_bytes_matches_spec_example():
+    """SPEC §6: V4.1-Flash, TP 4, S = 1 moves about 19.3 MB at least."""
+    spec = plan("v4.1-flash", 4, 1, 2, "gfx942")
+    assert sum(spec.minimum_bytes(valid_keys=640).values()) == pytest.approx(19.3e6, rel=0.01)
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"geometry": "v5"}, "geometry"),
+    ({"tp": 3}, "tp"),
+    ({"tp": 16}, "tp"),
+    ({"tokens": 0}, "tokens"),
+    ({"tokens": MAX_TOKENS + 1}, "tokens"),
+    ({"tokens": 2.0}, "tokens"),
+    ({"ratio": 3}, "ratio"),
+    ({"arch": "gfx90a"}, "arch"),
+])
+def test_unsupported_is_refused_by_name(kwargs, name):
+    args = {"geometry": "tiny", "tp": 4, "tokens": 3, "ratio": 2, "arch": "gfx942", **kwargs}
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        plan(**args)
+
+
+def test_plans_differ_by_every_input():
+    base = ("tiny", 4, 3, 2, "gfx942")
+    variants = [("v4.1-flash", 4, 3, 2, "gfx942"), ("tiny", 2, 3, 2, "gfx942"),
+                ("tiny", 4, 4, 2, "gfx942"), ("tiny", 4, 3, 1, "gfx942"), ("tiny", 4, 3, 2, "gfx950")]
+    specs = [plan(*c) for c in (base, *variants)]
+    assert len({s.name for s in specs}) == len({s.key() for s in specs}) == len(specs)
+    assert all(a != b for a, b in itertools.combinations(specs, 2))
