@@ -71,6 +71,7 @@ CASES = [
     # (arch, tp, tokens, ratio, overrides)
     *[(arch, tp, 3, 2, {}) for arch in ("gfx942", "gfx950") for tp in (1, 2, 4, 8)],
     ("gfx942", 4, 1, 0, {}),
+    ("gfx950", 1, 2, 1, {}),
     ("gfx942", 1, 16, 2, {}),  # 64-key chunks, 64 heads: gfx942's largest LDS
     ("gfx950", 8, 16, 0, {}),
     ("gfx950", 2, 16, 2, {}),
