@@ -39,6 +39,7 @@ STEP_BYTES = 64  # k bytes one 16-B load a lane covers across the 4 lane groups
 REGION_ALIGN = 256
 FLAG_BYTES = 4
 MAX_TOKENS = 64
+MAX_X_STEPS = 16  # 16-B activation loads a lane holds at once (64 VGPRs)
 MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of tasks (128 VGPRs)
 RATIOS = (0, 1, 2)
 
@@ -112,6 +113,7 @@ class GemvStage:
     k_waves: int
     k_steps: int
     code_steps: int  # steps one block code of a lane covers: 1 (bf16 MFMA), 2 (a scaled MFMA)
+    x_batch: int  # steps of activations a lane holds at once (64 VGPRs at most)
     token_tiles: int
     weight: str  # kernel argument of the fp8 weight and ...
     weight_scale: str  # ... of its UE8M0 codes (one a 32x32 block)
@@ -271,6 +273,13 @@ def _wo_b_ctas(tasks: int, busy: int, blocks: int) -> int:
     return min(free, tasks) if fits else min(blocks, tasks)
 
 
+def _x_batch(k_steps: int, code_steps: int) -> int:
+    """Activation steps loaded at once: the most, up to MAX_X_STEPS, that divide
+    the wave's steps into whole codes."""
+    return max(n for n in range(code_steps, min(k_steps, MAX_X_STEPS) + 1, code_steps)
+               if k_steps % n == 0)
+
+
 def _batch_fits(loads: int, token_tiles: int) -> bool:
     """Whether a CTA's weights (`loads` 16-B loads a lane) may all be in flight
     at once: 128 VGPRs at most, twice the raw bytes when several token tiles
@@ -309,7 +318,7 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
         name="wo_a", tasks=woa_tasks, first_cta=attention_tasks % blocks,
         ctas=min(blocks, woa_tasks), batch=False, rows=2 * TILE,
         k=geo.group_k, k_waves=woa_waves, k_steps=woa_steps, code_steps=code_steps,
-        token_tiles=token_tiles,
+        x_batch=_x_batch(woa_steps, code_steps), token_tiles=token_tiles,
         weight="wo_a", weight_scale="wo_a_scale", x="xo", x_codes="xo_codes",
         x_row=rank.q_cols, tasks_per_group=geo.o_rank // 32, red=0,
     )
@@ -319,7 +328,7 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
         name="wo_b", tasks=wob_tasks, first_cta=(attention_tasks + woa_tasks) % blocks,
         ctas=wob_ctas, batch=_batch_fits(math.ceil(wob_tasks / wob_ctas) * wob_steps, token_tiles),
         rows=TILE, k=rank.o_rows, k_waves=wob_waves, k_steps=wob_steps, code_steps=code_steps,
-        token_tiles=token_tiles,
+        x_batch=_x_batch(wob_steps, code_steps), token_tiles=token_tiles,
         weight="wo_b", weight_scale="wo_b_scale", x="x8b", x_codes="x8b_codes",
         x_row=rank.o_rows, tasks_per_group=geo.hidden // TILE, red=0,
     )
