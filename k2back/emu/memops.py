@@ -7,9 +7,11 @@ Buffer resources (V#): base = dword0 | (dword1 & 0xffff) << 32, stride =
 dword1[29:16], num_records = dword2. Range check per element (a dword, or the
 whole access when narrower): raw buffers (stride 0, no idxen) check
 `voffset + inst_offset + element_offset + element_size <= num_records`;
-idxen buffers check `index < num_records`. The SGPR soffset is not part of
-the check (GCN/CDNA MUBUF rule). Out-of-range loads return 0, out-of-range
-stores are dropped, atomics are all-or-nothing per lane.
+idxen buffers check `index < num_records`. Whether the SGPR soffset takes
+part is not pinned down by a source we could read: an access that is partly
+out of range with a nonzero soffset raises. Out-of-range loads return 0,
+out-of-range stores are dropped, atomics are all-or-nothing per lane (and
+return 0).
 """
 
 from __future__ import annotations
@@ -247,7 +249,8 @@ def decode_buffer(ins, ctx):
         base = w.s[s0] | ((w.s[s0 + 1] & 0xFFFF) << 32)
         stride = (w.s[s0 + 1] >> 16) & 0x3FFF
         records = w.s[s0 + 2]
-        start = base + soffset(w) + inst_offset
+        sgpr_offset = soffset(w)
+        start = base + sgpr_offset + inst_offset
         voffset = active(w, w.r[vrow + int(idxen)]).astype(np.int64) if offen else None
         if idxen:
             index = active(w, w.r[vrow]).astype(np.int64)
@@ -256,7 +259,12 @@ def decode_buffer(ins, ctx):
         else:
             starts = voffset if offen else np.zeros(64 if w.full else np.count_nonzero(w.mask), np.int64)
             lane_ok = None
-        if lane_ok.all() if idxen else starts.max() + inst_offset + element * count <= records:
+        end = None if idxen else starts.max() + inst_offset + element * count
+        if sgpr_offset and (end is None or end + sgpr_offset > records):
+            # whether soffset takes part in the range check is not pinned down
+            raise UnsupportedInstruction(f"buffer range check with a nonzero soffset ({sgpr_offset}) "
+                                         f"is not modelled ({ins.where()}, {w.name})")
+        if lane_ok.all() if idxen else end <= records:
             return (starts + start).astype(U64), None
         offsets = starts[:, None] + element * np.arange(count)
         if lane_ok is not None:
