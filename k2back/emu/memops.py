@@ -260,7 +260,7 @@ def decode_buffer(ins, ctx):
             starts = voffset if offen else np.zeros(64 if w.full else np.count_nonzero(w.mask), np.int64)
             lane_ok = None
         end = None if idxen else starts.max() + inst_offset + element * count
-        if sgpr_offset and (end is None or end + sgpr_offset > records):
+        if sgpr_offset and end is not None and end + sgpr_offset > records:
             # whether soffset takes part in the range check is not pinned down
             raise UnsupportedInstruction(f"buffer range check with a nonzero soffset ({sgpr_offset}) "
                                          f"is not modelled ({ins.where()}, {w.name})")
