@@ -1,4 +1,4 @@
-"""Scalar ALU (SOP1/SOP2/SOPC/SOPK) and program control (SOPP).
+"""Scalar ALU (SOP1/SOP2/SOPC/SOPK) and branches (SOPP s_branch / s_cbranch_*).
 
 Each SALU entry is `(dst_bits, src_bits, fn)`; `fn(*sources, scc)` returns
 `(result, scc)` on Python ints, `scc=None` when the op leaves SCC alone.
