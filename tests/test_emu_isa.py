@@ -200,3 +200,23 @@ def test_clocks_and_pc_are_deterministic(arch):
     memtime, realtime, pc, next_pc = (int(v) for v in first)
     assert realtime - memtime == 3  # wave-instructions executed in between, itself included
     assert next_pc - pc == 8 and pc % 4 == 0
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float_modifiers_on_bitwise_operands(arch):
+    # LLVM folds fneg/fabs into v_cndmask_b32: the modifiers act on the sign bit.
+    body = f"""{STORE_OUT}
+\tv_cvt_f32_i32_e32 v1, v0
+\tv_sub_f32_e32 v2, 0.5, v1
+\tv_and_b32_e32 v3, 1, v0
+\tv_cmp_eq_u32_e32 vcc, 0, v3
+\tv_cndmask_b32_e64 v4, -v1, |v2|, vcc
+\tv_cndmask_b32_e64 v5, -|v2|, 0, vcc
+\tv_lshlrev_b32_e32 v6, 3, v0
+\tglobal_store_dwordx2 v6, v[4:5], s[2:3]"""
+    out = np.zeros((64, 2), np.float32)
+    run_handwritten(arch, body, out)
+    lane = np.arange(64, dtype=np.float32)
+    even = np.arange(64) % 2 == 0
+    np.testing.assert_array_equal(out[:, 0], np.where(even, np.abs(0.5 - lane), -lane))
+    np.testing.assert_array_equal(out[:, 1], np.where(even, 0, -np.abs(0.5 - lane)))

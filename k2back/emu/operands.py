@@ -164,22 +164,26 @@ def vector_reader(op: Operand, dtype, where: str, high: bool = False):
     if dtype is MASK:
         read = scalar_reader(op, 64, where)
         return lambda w: int_to_mask(read(w))
-    return with_modifiers(op, _vector_value(op, np.dtype(dtype), where, high))
+    return with_modifiers(op, _vector_value(op, np.dtype(dtype), where, high), np.dtype(dtype))
 
 
-def with_modifiers(op: Operand, read):
-    """Apply the operand's |abs| and -neg source modifiers (in that order) to `read`."""
+def with_modifiers(op: Operand, read, dtype: np.dtype):
+    """Apply the operand's |abs| and -neg source modifiers (in that order) to `read`.
+
+    The modifiers are float sign operations; on an operand read as bits (e.g. the
+    sources of v_cndmask_b32) they clear / flip the type's top bit."""
+    if not (op.abs or op.neg):
+        return read
+    if dtype.kind in "ui":
+        sign = np.array(1 << (8 * dtype.itemsize - 1), UNSIGNED[dtype.itemsize]).view(dtype)[()]
+        absolute, negate = (lambda x: x & ~sign), (lambda x: x ^ sign)
+    else:
+        absolute, negate = np.abs, np.negative
+    if op.abs and op.neg:
+        return lambda w: negate(absolute(read(w)))
     if op.abs:
-        plain = read
-
-        def read(w):
-            return np.abs(plain(w))
-    if op.neg:
-        positive = read
-
-        def read(w):
-            return -positive(w)
-    return read
+        return lambda w: absolute(read(w))
+    return lambda w: negate(read(w))
 
 
 def _vector_value(op: Operand, dtype: np.dtype, where: str, high: bool):

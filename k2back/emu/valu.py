@@ -570,7 +570,7 @@ def _sdwa_reader(op, type_name, ins, index):
         if dtype.itemsize == 2:
             return field.astype(np.uint16).view(dtype)
         return field.view(dtype)
-    return with_modifiers(op, read)
+    return with_modifiers(op, read, dtype)
 
 
 def _strip_modifiers(op):
