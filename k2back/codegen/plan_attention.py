@@ -74,12 +74,11 @@ class ArchTarget:
     cus: int  # the persistent grid: one CTA a CU
     lds_bytes: int  # LDS a CTA may use
     mfma_k: int  # bf16 MFMA contraction elements a lane supplies (16x16x16: 4, 16x16x32: 8)
-    max_chunk_keys: int  # the raw records of a chunk must fit LDS beside q and p
 
 
 ARCH_TARGETS: dict[str, ArchTarget] = {
-    "gfx942": ArchTarget(cus=304, lds_bytes=64 * 1024, mfma_k=4, max_chunk_keys=64),
-    "gfx950": ArchTarget(cus=256, lds_bytes=160 * 1024, mfma_k=8, max_chunk_keys=128),
+    "gfx942": ArchTarget(cus=304, lds_bytes=64 * 1024, mfma_k=4),
+    "gfx950": ArchTarget(cus=256, lds_bytes=160 * 1024, mfma_k=8),
 }
 
 # Chunk sizes the split stage supports: one to eight waves of 16 keys.
@@ -119,7 +118,9 @@ class AttentionPlan:
         q     one head tile of q, bf16 rows of Q_ROW bytes
         p     bf16 p, a row of CK·2 + P_PAD bytes a head (aliases q: written
               after the last QK)
-        raw   the chunk's records as loaded, RAW_STRIDE bytes a key
+        raw   raw_keys of the chunk's records as loaded, RAW_STRIDE bytes a
+              key: all of them, or half (then the PV runs in two passes, the
+              second half written from the scoring waves' registers)
         smax  f32 [key_tiles, 16·head_tiles] per-wave max of each head
         ssum  f32 [key_tiles, 16·head_tiles] per-wave Σ p of each head
         dots  f32 [key_parts - 1, key_tiles, head_tiles, 64 lanes, 4] the
@@ -140,6 +141,7 @@ class AttentionPlan:
     combine_tasks: int
     key_tiles: int
     key_parts: int
+    raw_keys: int
     head_tiles: int
     mfma_k: int
     lds: dict[str, tuple[int, int]] = field(hash=False)
@@ -187,7 +189,8 @@ class AttentionPlan:
         return self.heads // self.combine_heads
 
 
-def _lds_members(heads_padded: int, chunk_keys: int, parts: int) -> dict[str, tuple[int, int]]:
+def _lds_members(heads_padded: int, chunk_keys: int, parts: int,
+                 raw_keys: int) -> dict[str, tuple[int, int]]:
     key_tiles = chunk_keys // KEY_TILE
     p_bytes = heads_padded * (2 * chunk_keys + P_PAD)
     dots_bytes = (parts - 1) * key_tiles * heads_padded // HEAD_TILE * WAVE * 16
@@ -195,7 +198,7 @@ def _lds_members(heads_padded: int, chunk_keys: int, parts: int) -> dict[str, tu
         # q is dead once the last QK has read it: the parts' dots, then p,
         # take its place
         "q": max(HEAD_TILE * Q_ROW, p_bytes, dots_bytes),
-        "raw": chunk_keys * RAW_STRIDE,
+        "raw": raw_keys * RAW_STRIDE,
         "smax": 4 * key_tiles * heads_padded,
         "ssum": 4 * key_tiles * heads_padded,
     }
@@ -209,16 +212,20 @@ def _lds_members(heads_padded: int, chunk_keys: int, parts: int) -> dict[str, tu
 
 
 def _layout(heads: int, chunk_keys: int, target: ArchTarget):
-    """(key_parts, LDS members, bytes) of a chunk size: the most parts whose
-    dots exchange still fits LDS (fewer parts leave waves idle in the QK), or
-    None when not even one part fits."""
+    """(key_parts, raw_keys, LDS members, bytes) of a chunk size, or None when
+    nothing fits: all raw records at once if possible (else two PV passes,
+    the second half's records held in registers through the QK and two more
+    barriers), then the most parts whose dots exchange fits LDS (fewer parts
+    leave waves idle in the QK)."""
     heads_padded = math.ceil(heads / HEAD_TILE) * HEAD_TILE
-    for parts in sorted((p for p in PART_PIECES if p <= WAVES * KEY_TILE // chunk_keys),
-                        reverse=True):
-        lds = _lds_members(heads_padded, chunk_keys, parts)
-        lds_bytes = max(off + size for off, size in lds.values())
-        if lds_bytes <= target.lds_bytes:
-            return parts, lds, lds_bytes
+    parts_options = sorted((p for p in PART_PIECES if p * chunk_keys <= WAVES * KEY_TILE),
+                           reverse=True)
+    for raw_keys in (chunk_keys, chunk_keys // 2):
+        for parts in parts_options:
+            lds = _lds_members(heads_padded, chunk_keys, parts, raw_keys)
+            lds_bytes = max(off + size for off, size in lds.values())
+            if lds_bytes <= target.lds_bytes:
+                return parts, raw_keys, lds, lds_bytes
     return None
 
 
@@ -240,8 +247,7 @@ def default_chunk_keys(keys: int, heads: int, tokens: int, target: ArchTarget) -
     writes (and combine reads) an H·1 KiB partial: global bytes beyond SPEC
     §6's minimum, S·nchunk·H·2 KiB in all. More tasks than a few buy no
     latency; fewer leave one CTA to do a whole token."""
-    fitting = [ck for ck in CHUNK_KEYS
-               if ck <= target.max_chunk_keys and _layout(heads, ck, target)]
+    fitting = [ck for ck in CHUNK_KEYS if _layout(heads, ck, target)]
     if not fitting:
         raise ValueError(f"heads: {heads} heads leave no chunk size room in LDS")
     for ck in reversed(fitting):
@@ -266,9 +272,8 @@ def plan_attention(
     if heads % HEADS_PER_GROUP:
         raise ValueError(f"heads: expected a multiple of {HEADS_PER_GROUP}, got {heads}")
     ck = default_chunk_keys(keys, heads, tokens, target) if chunk_keys is None else chunk_keys
-    allowed = [c for c in CHUNK_KEYS if c <= target.max_chunk_keys]
-    if ck not in allowed:
-        raise ValueError(f"chunk_keys: expected one of {allowed} on {arch}, got {ck!r}")
+    if ck not in CHUNK_KEYS:
+        raise ValueError(f"chunk_keys: expected one of {CHUNK_KEYS}, got {ck!r}")
     nchunk = math.ceil(keys / ck)
     if nchunk > MAX_CHUNKS:
         raise ValueError(
@@ -278,12 +283,12 @@ def plan_attention(
     layout = _layout(heads, ck, target)
     if layout is None:
         need = max(off + size for off, size in _lds_members(
-            math.ceil(heads / HEAD_TILE) * HEAD_TILE, ck, 1).values())
+            math.ceil(heads / HEAD_TILE) * HEAD_TILE, ck, 1, ck // 2).values())
         raise ValueError(
             f"chunk_keys: {ck} keys with {heads} heads need {need} B of LDS, "
             f"{arch} has {target.lds_bytes}"
         )
-    key_parts, lds, lds_bytes = layout
+    key_parts, raw_keys, lds, lds_bytes = layout
     return AttentionPlan(
         arch=arch,
         tokens=tokens,
@@ -296,6 +301,7 @@ def plan_attention(
         combine_tasks=tokens * heads // min(HEADS_PER_GROUP, heads),
         key_tiles=ck // KEY_TILE,
         key_parts=key_parts,
+        raw_keys=raw_keys,
         head_tiles=math.ceil(heads / HEAD_TILE),
         mfma_k=target.mfma_k,
         lds=lds,
