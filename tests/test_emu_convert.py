@@ -297,3 +297,44 @@ def test_float_ops_against_numpy(arch):
         ]
     for i, expected in enumerate(want):
         np.testing.assert_array_equal(out[i], expected, err_msg=f"result {i}")
+
+
+PACKED_HALF = module("""
+define amdgpu_kernel void @packed_half(ptr addrspace(1) %x, ptr addrspace(1) %out) #0 {
+  %lane = call i32 @llvm.amdgcn.workitem.id.x()
+  %px = getelementptr <6 x half>, ptr addrspace(1) %x, i32 %lane
+  %v = load <6 x half>, ptr addrspace(1) %px, align 4
+  %a = shufflevector <6 x half> %v, <6 x half> poison, <2 x i32> <i32 0, i32 1>
+  %b = shufflevector <6 x half> %v, <6 x half> poison, <2 x i32> <i32 2, i32 3>
+  %c = shufflevector <6 x half> %v, <6 x half> poison, <2 x i32> <i32 4, i32 5>
+  %f = call <2 x half> @llvm.fma.v2f16(<2 x half> %a, <2 x half> %b, <2 x half> %c)
+  %bs = shufflevector <2 x half> %b, <2 x half> poison, <2 x i32> <i32 1, i32 0>
+  %m = fmul <2 x half> %a, %bs
+  %s = fadd <2 x half> %m, %c
+  %mx = call <2 x half> @llvm.maxnum.v2f16(<2 x half> %f, <2 x half> %s)
+  %r = shufflevector <2 x half> %f, <2 x half> %mx, <4 x i32> <i32 0, i32 1, i32 2, i32 3>
+  %r2 = shufflevector <2 x half> %m, <2 x half> %s, <4 x i32> <i32 0, i32 1, i32 2, i32 3>
+  %all = shufflevector <4 x half> %r, <4 x half> %r2, <8 x i32> <i32 0, i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7>
+  %po = getelementptr <8 x half>, ptr addrspace(1) %out, i32 %lane
+  store <8 x half> %all, ptr addrspace(1) %po
+  ret void
+}
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare <2 x half> @llvm.fma.v2f16(<2 x half>, <2 x half>, <2 x half>)
+declare <2 x half> @llvm.maxnum.v2f16(<2 x half>, <2 x half>)
+""")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_packed_half_arithmetic(arch):
+    g = rng(10)
+    x = (g.standard_normal((64, 8)) * 4).astype(np.float16)  # <6 x half> occupies 16 bytes
+    out = np.zeros((64, 8), np.float16)
+    run(PACKED_HALF, arch, "packed_half", {"x": x, "out": out})
+    a, b, c = x[:, 0:2], x[:, 2:4], x[:, 4:6]
+    f32 = np.float32
+    fma = (a.astype(np.float64) * b + c).astype(np.float16)  # exact product, one rounding
+    m = (a.astype(f32) * b[:, ::-1].astype(f32)).astype(np.float16)
+    s = (m.astype(f32) + c.astype(f32)).astype(np.float16)
+    want = np.concatenate([fma, np.fmax(fma, s), m, s], axis=1)
+    np.testing.assert_array_equal(out, want)
