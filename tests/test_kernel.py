@@ -256,7 +256,7 @@ def first(lines, pattern) -> int:
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("geometry, tp, tokens", [("tiny", 1, 64), ("v4.1-flash", 4, 2),
-                                                  ("v4.1-flash", 1, 16)])
+                                                  ("v4.1-flash", 1, 16), ("v4-pro", 1, 64)])
 def test_gemv_code_object(arch, geometry, tp, tokens):
     """No scratch or spills, LDS within budget, 512 threads; each GEMV's weights
     with 16-B streaming loads and their codes with scalar loads, all issued

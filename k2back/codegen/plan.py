@@ -35,6 +35,7 @@ from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, RankShape, geometr
 THREADS = 512  # 8 waves of 64: one CTA a CU, all resident
 WAVES = THREADS // 64
 TILE = 16  # MFMA 16x16: weight rows of an A tile, tokens of a B tile
+WOA_ROWS = 2 * TILE  # wo_a rows a task: one MXFP8 block of Z columns
 STEP_BYTES = 64  # k bytes one 16-B load a lane covers across the 4 lane groups
 REGION_ALIGN = 256
 FLAG_BYTES = 4
@@ -113,7 +114,7 @@ class GemvStage:
     k_waves: int
     k_steps: int
     code_steps: int  # steps one block code of a lane covers: 1 (bf16 MFMA), 2 (a scaled MFMA)
-    x_batch: int  # steps of activations a lane holds at once (64 VGPRs at most)
+    x_batch: int  # steps of activations a lane holds at once, each token tile (64 VGPRs in all)
     token_tiles: int
     weight: str  # kernel argument of the fp8 weight and ...
     weight_scale: str  # ... of its UE8M0 codes (one a 32x32 block)
@@ -273,10 +274,13 @@ def _wo_b_ctas(tasks: int, busy: int, blocks: int) -> int:
     return min(free, tasks) if fits else min(blocks, tasks)
 
 
-def _x_batch(k_steps: int, code_steps: int) -> int:
-    """Activation steps loaded at once: the most, up to MAX_X_STEPS, that divide
-    the wave's steps into whole codes."""
-    return max(n for n in range(code_steps, min(k_steps, MAX_X_STEPS) + 1, code_steps)
+def _x_batch(k_steps: int, code_steps: int, token_tiles: int, weight_loads: int) -> int:
+    """Activation steps loaded at once (for every token tile): the most that
+    divide the wave's steps into whole codes, MAX_X_STEPS loads a lane in all
+    (half that beside more than MAX_X_STEPS weight loads)."""
+    budget = MAX_X_STEPS if weight_loads <= MAX_X_STEPS else MAX_X_STEPS // 2
+    most = max(code_steps, budget // token_tiles)
+    return max(n for n in range(code_steps, min(k_steps, most) + 1, code_steps)
                if k_steps % n == 0)
 
 
@@ -309,16 +313,17 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
     token_tiles = math.ceil(tokens / TILE)
 
     attention_tasks = att.split_tasks + att.combine_tasks
-    woa_tasks = rank.o_rows // 32
+    woa_tasks = rank.o_rows // WOA_ROWS
     # a scaled MFMA contracts 128 k: two steps, one block code a lane group
     code_steps = 2 if info.scaled_mfma else 1
     woa_waves, woa_steps = _k_split(geo.group_k, code_steps)
     wob_waves, wob_steps = _k_split(rank.o_rows, code_steps)
     wo_a = GemvStage(
         name="wo_a", tasks=woa_tasks, first_cta=attention_tasks % blocks,
-        ctas=min(blocks, woa_tasks), batch=False, rows=2 * TILE,
+        ctas=min(blocks, woa_tasks), batch=False, rows=WOA_ROWS,
         k=geo.group_k, k_waves=woa_waves, k_steps=woa_steps, code_steps=code_steps,
-        x_batch=_x_batch(woa_steps, code_steps), token_tiles=token_tiles,
+        x_batch=_x_batch(woa_steps, code_steps, token_tiles, WOA_ROWS // TILE * woa_steps),
+        token_tiles=token_tiles,
         weight="wo_a", weight_scale="wo_a_scale", x="xo", x_codes="xo_codes",
         x_row=rank.q_cols, tasks_per_group=geo.o_rank // 32, red=0,
     )
@@ -328,7 +333,8 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
         name="wo_b", tasks=wob_tasks, first_cta=(attention_tasks + woa_tasks) % blocks,
         ctas=wob_ctas, batch=_batch_fits(math.ceil(wob_tasks / wob_ctas) * wob_steps, token_tiles),
         rows=TILE, k=rank.o_rows, k_waves=wob_waves, k_steps=wob_steps, code_steps=code_steps,
-        x_batch=_x_batch(wob_steps, code_steps), token_tiles=token_tiles,
+        x_batch=_x_batch(wob_steps, code_steps, token_tiles, wob_steps),
+        token_tiles=token_tiles,
         weight="wo_b", weight_scale="wo_b_scale", x="x8b", x_codes="x8b_codes",
         x_row=rank.o_rows, tasks_per_group=geo.hidden // TILE, red=0,
     )
