@@ -27,7 +27,7 @@ from k2back.emu import Machine
 from k2back.reference import attention_back
 from k2back.runtime import launch
 from k2back.runtime.emu import EmuBackend
-from k2back import testing
+from k2back.testing import compare, make_inputs
 
 GEMV = ("wo_a", "wo_b")
 
@@ -48,7 +48,7 @@ def build(geometry: str, tp: int, tokens: int, ratio: int, arch: str, stages=Non
 
 @functools.cache
 def reference(geometry: str, tp: int, tokens: int, ratio: int, seed: int, chunk_keys: int):
-    inputs = testing.make_inputs(geometry, tp, tokens, ratio, seed)
+    inputs = make_inputs(geometry, tp, tokens, ratio, seed)
     return inputs, attention_back(**inputs, chunk_keys=chunk_keys, intermediates=True)
 
 
@@ -74,9 +74,9 @@ def mxfp8_of(spec, scratch, name):
 def check(spec, scratch, out, want, names=("xo", "x8b", "out")):
     for name in names:
         if name == "out":
-            testing.compare(name, out, want[name])
+            compare(name, out, want[name])
         else:
-            testing.compare(name, mxfp8_of(spec, scratch, name), (want[name], want[f"{name}_codes"]))
+            compare(name, mxfp8_of(spec, scratch, name), (want[name], want[f"{name}_codes"]))
 
 
 # --------------------------------------------------------------------------- whole kernel
@@ -97,7 +97,7 @@ FAST = [(arch, tp, ratio, tokens) for arch in sorted(ARCHS) for tp in (1, 2, 4, 
 
 @pytest.mark.parametrize("arch, tp, ratio, tokens", FAST)
 def test_kernel_matches_reference(arch, tp, ratio, tokens):
-    inputs = testing.make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp)
+    inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp)
     launch_and_check("tiny", tp, tokens, ratio, arch, inputs)
 
 
@@ -128,7 +128,7 @@ EDGES = {
 @pytest.mark.parametrize("edge", EDGES)
 def test_kernel_edge_cases(arch, edge):
     change = EDGES[edge]
-    inputs = testing.make_inputs("tiny", 4, 3, 2, seed=7, **({} if callable(change) else change))
+    inputs = make_inputs("tiny", 4, 3, 2, seed=7, **({} if callable(change) else change))
     if callable(change):
         inputs.update(change(inputs))
     launch_and_check("tiny", 4, 3, 2, arch, inputs)
@@ -138,7 +138,7 @@ def test_kernel_edge_cases(arch, edge):
 @pytest.mark.parametrize("arch, tp, tokens, ratio", [("gfx942", 4, 2, 2), ("gfx950", 4, 2, 2),
                                                      ("gfx942", 8, 1, 0)])
 def test_kernel_v41_flash(arch, tp, tokens, ratio):
-    inputs = testing.make_inputs("v4.1-flash", tp, tokens, ratio, seed=3)
+    inputs = make_inputs("v4.1-flash", tp, tokens, ratio, seed=3)
     launch_and_check("v4.1-flash", tp, tokens, ratio, arch, inputs)
 
 
@@ -147,7 +147,7 @@ def test_kernel_v41_flash(arch, tp, tokens, ratio):
                                                      ("gfx942", 8, 33, 1)])
 def test_kernel_many_tokens_and_ratio_1(arch, tp, tokens, ratio):
     """The token limit (4 MFMA token tiles), a partial last tile, ratio 1."""
-    inputs = testing.make_inputs("tiny", tp, tokens, ratio, seed=5)
+    inputs = make_inputs("tiny", tp, tokens, ratio, seed=5)
     launch_and_check("tiny", tp, tokens, ratio, arch, inputs)
 
 
@@ -156,7 +156,7 @@ def test_consumers_scheduled_first(arch):
     """Workgroups started and scheduled in reverse order: the GEMV CTAs (high
     numbers) poll long before any split task ran; the hand-offs still hold."""
     spec, kernel = build("tiny", 4, 3, 2, arch)
-    inputs = testing.make_inputs("tiny", 4, 3, 2, seed=11)
+    inputs = make_inputs("tiny", 4, 3, 2, seed=11)
     want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
     machine = Machine(arch)
     scratch = launch.new_scratch(spec, "cpu")
@@ -178,7 +178,7 @@ def test_consecutive_launches_share_scratch(arch):
     spec, _ = build("tiny", 4, 3, 2, arch)
     scratch = launch.new_scratch(spec, "cpu")
     for launch_index in range(3):
-        inputs = testing.make_inputs("tiny", 4, 3, 2, seed=100 + launch_index)
+        inputs = make_inputs("tiny", 4, 3, 2, seed=100 + launch_index)
         launch_and_check("tiny", 4, 3, 2, arch, inputs, scratch)
         assert region(spec, scratch, "epoch", torch.int32)[0] == launch_index + 1
 
@@ -217,7 +217,7 @@ def test_gemv_negative_zero_bytes(arch):
     at random (value 0 for the reference too) and every 0 byte of XO written as
     0x80 (same value) must read as 0, or out is NaN."""
     spec, kernel = build("tiny", 2, 3, 2, arch, GEMV)
-    inputs = testing.make_inputs("tiny", 2, 3, 2, seed=4)
+    inputs = make_inputs("tiny", 2, 3, 2, seed=4)
     gen = torch.Generator().manual_seed(4)
     for name in ("wo_a", "wo_b"):
         raw = inputs[name].view(torch.uint8).clone()
@@ -235,7 +235,7 @@ def test_gemv_waits_for_its_flags():
     """A flag left by the previous launch (tag − 1) is not this launch's: the
     GEMVs must not start on it (the emulator reports the deadlock)."""
     spec, kernel = build("tiny", 8, 1, 2, "gfx942", GEMV)
-    inputs, want = reference("tiny", 8, 1, 2, 0, spec.attention.chunk_keys)
+    inputs, _ = reference("tiny", 8, 1, 2, 0, spec.attention.chunk_keys)
     scratch = launch.new_scratch(spec, "cpu")
     region(spec, scratch, "epoch", torch.int32)[0] = 5
     region(spec, scratch, "combine_flags", torch.int32)[:] = 5  # stale

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from k2back.codegen.llvm import ARCHS as LLVM_ARCHS
 from k2back.codegen.plan_attention import ARCH_TARGETS, AttentionPlan, plan_attention
 from k2back.formats import KV_RECORD_BYTES
-from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, RankShape, geometry as model_geometry
+from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, RankShape
+from k2back.model import geometry as model_geometry
 
 THREADS = 512  # 8 waves of 64: one CTA a CU, all resident
 WAVES = THREADS // 64
@@ -218,8 +219,8 @@ class KernelSpec:
     def describe(self) -> str:
         """A human-readable table: stages, tasks, CTA offsets, LDS and scratch."""
         lines = [
-            f"{self.name}: {self.geometry} TP {self.tp}, S {self.tokens}, ratio {self.ratio}, "
-            f"{self.arch}, {self.blocks} x {self.threads}",
+            (f"{self.name}: {self.geometry} TP {self.tp}, S {self.tokens}, ratio {self.ratio}, "
+             f"{self.arch}, {self.blocks} x {self.threads}"),
             f"chunk {self.attention.chunk_keys} keys x {self.attention.nchunk}",
             f"{'stage':<8} {'tasks':>6} {'first CTA':>10} {'CTAs':>6}",
         ]
