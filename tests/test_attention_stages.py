@@ -84,6 +84,7 @@ CASES = [
 EDGES = [
     ("key_len 0 and 1", {"key_len": torch.tensor([0, 1, 40], dtype=torch.int32)}),
     ("-1 entries", {"minus_one": True}),
+    ("a live chunk of -1 only", {"minus_one": "first chunk"}),
     ("sink -inf", {"sink": -math.inf}),
     ("sink +inf", {"sink": math.inf}),
     ("position 0", {"positions": 0}),
@@ -97,6 +98,8 @@ def _inputs(geometry, tp, tokens, ratio, seed, overrides):
     if minus_one:  # holes in the table, inside key_len
         table = inputs["key_table"].clone()
         table[:, 1::5] = -1
+        if minus_one == "first chunk":  # tiny S 3: chunks of 32 keys
+            table[:, :32] = -1
         inputs["key_table"] = table
     return inputs
 
