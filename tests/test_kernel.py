@@ -32,14 +32,6 @@ from k2back.testing import compare, make_inputs
 GEMV = ("wo_a", "wo_b")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def cache_dir(tmp_path_factory):
-    """Kernels built once per test session (the disk cache in a temp dir)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("K2BACK_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "k2back-cache"))
-        yield
-
-
 @functools.cache
 def build(geometry: str, tp: int, tokens: int, ratio: int, arch: str, stages=None):
     spec = plan(geometry, tp, tokens, ratio, arch)
