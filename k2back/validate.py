@@ -18,6 +18,11 @@ import torch
 
 from k2back import formats as F
 from k2back.model import HEAD_DIM, ROPE_DIM, RankShape
+from k2back.runtime.launch import byte_extent
+
+# The kernel addresses a cache through a buffer resource with 32-bit offsets:
+# a larger extent would wrap around, not fault.
+MAX_BUFFER_BYTES = 1 << 32
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,9 @@ def _check_cache(name: str, cache: torch.Tensor, block: int) -> None:
     if cache.stride(0) % F.PAGE_ALIGN:
         _fail(ValueError, name, f"a row stride that is a multiple of {F.PAGE_ALIGN} B",
               cache.stride(0))
+    if byte_extent(cache) > MAX_BUFFER_BYTES:
+        _fail(ValueError, name, f"at most {MAX_BUFFER_BYTES} bytes from the first page to the "
+              "end of the last (32-bit buffer offsets)", f"{byte_extent(cache)} bytes")
 
 
 def _check_values(args: dict, rank: RankShape, ratio: int) -> None:

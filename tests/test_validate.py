@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from k2back import validate
 from k2back.model import geometry
 from k2back.testing import make_inputs
 from k2back.validate import BLOCK_ARGS, RULES, validate_launch
@@ -113,6 +114,16 @@ def test_cache_strides(name):
     assert str(block * 584) in rejects(ValueError, name, {**x, name: small})
     # bytes of a page not contiguous
     rejects(ValueError, name, {**x, name: cache.t().contiguous().t()})
+
+
+@pytest.mark.parametrize("name", list(BLOCK_ARGS.values()))
+def test_cache_beyond_32_bit_offsets(name, monkeypatch):
+    x = inputs()
+    extent = x[name].numel()
+    validate_launch(RANK, 1, x)  # fits
+    # a 4 GiB cache cannot be allocated here: shrink the limit below this one
+    monkeypatch.setattr(validate, "MAX_BUFFER_BYTES", extent - 1)
+    assert "32-bit buffer offsets" in rejects(ValueError, name, x)
 
 
 def test_comp_cache_present_iff_ratio():
