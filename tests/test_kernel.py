@@ -127,10 +127,15 @@ def test_kernel_edge_cases(arch, edge):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch, tp, tokens, ratio", [("gfx942", 4, 2, 2), ("gfx950", 4, 2, 2),
-                                                     ("gfx942", 8, 1, 0)])
+@pytest.mark.parametrize("arch, tp, tokens, ratio", [
+    ("gfx942", 4, 2, 2), ("gfx950", 4, 2, 2), ("gfx942", 8, 1, 0),
+    # 3 and 4 wo_b tasks a CTA, their weights all in flight at once
+    ("gfx942", 4, 16, 2), ("gfx950", 4, 16, 2),
+])
 def test_kernel_v41_flash(arch, tp, tokens, ratio):
     inputs = make_inputs("v4.1-flash", tp, tokens, ratio, seed=3)
+    spec, _ = build("v4.1-flash", tp, tokens, ratio, arch)
+    assert spec.wo_b.batch  # as the cases promise
     launch_and_check("v4.1-flash", tp, tokens, ratio, arch, inputs)
 
 

@@ -70,15 +70,26 @@ def test_supported_configuration(config):
         assert st.k_waves * st.k_steps * 64 == st.k and st.k_steps % st.code_steps == 0
         assert max(len(ts) for ts in owners[st.name].values()) == st.per_cta
         assert st.token_tiles == math.ceil(tokens / 16)
-    # wo_b on CTAs without earlier work where there are enough (at 2 tasks each)
+    # wo_b on CTAs without earlier work, when it spreads over part of the grid
     free = spec.blocks - sum(spec.stage_tasks[s][0] for s in ("split", "combine", "wo_a"))
-    if free > 0 and 2 * free >= spec.wo_b.tasks:
+    if spec.wo_b.ctas <= free:
+        assert spec.wo_b.batch
         for b, ts in owners["wo_b"].items():
             if ts:
                 assert not any(owners[s][b] for s in ("split", "combine", "wo_a")), b
 
     assert KernelSpec.from_json(spec.to_json()) == spec
     assert hash(KernelSpec.from_json(spec.to_json())) == hash(spec)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("tokens", (1, 2, 4, 8, 16))
+def test_wo_b_weights_stream_from_launch(arch, tokens):
+    """V4.1-Flash TP 4, decode sizes: every wo_b task on a CTA without attention
+    or wo_a work, all of a CTA's wo_b weights in flight before its first poll."""
+    spec = plan("v4.1-flash", 4, tokens, 2, arch)
+    busy = sum(spec.stage_tasks[s][0] for s in ("split", "combine", "wo_a"))
+    assert spec.wo_b.ctas <= spec.blocks - busy and spec.wo_b.batch
 
 
 def test_minimum_bytes_matches_spec_example():

@@ -265,14 +265,19 @@ def _k_split(k: int, code_steps: int) -> tuple[int, int]:
     return waves, steps // waves
 
 
-def _wo_b_ctas(tasks: int, busy: int, blocks: int) -> int:
+def _wo_b_ctas(tasks: int, busy: int, blocks: int, task_bytes: int, task_loads: int,
+               token_tiles: int, woa_task_bytes: int) -> int:
     """CTAs wo_b spreads over, from the first CTA after the earlier stages'
-    tasks: only those with no earlier work when they take at most two tasks
-    each (weights of both in flight at launch: nothing streams late behind
-    attention or wo_a work), else the whole grid."""
+    tasks: only those with no earlier work when each can hold all its tasks'
+    weights in flight at launch (registers) and streams no more than a wo_a
+    CTA does (no new long pole); else the whole grid, where a CTA's wo_b
+    weights stream after its earlier work."""
     free = blocks - busy
-    fits = free > 0 and math.ceil(tasks / free) <= max(2, math.ceil(tasks / blocks))
-    return min(free, tasks) if fits else min(blocks, tasks)
+    if free > 0:
+        per_cta = math.ceil(tasks / free)
+        if per_cta * task_bytes <= woa_task_bytes and _batch_fits(per_cta * task_loads, token_tiles):
+            return min(free, tasks)
+    return min(blocks, tasks)
 
 
 def _x_batch(k_steps: int, code_steps: int, token_tiles: int, weight_loads: int) -> int:
@@ -329,7 +334,8 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
         x_row=rank.q_cols, tasks_per_group=geo.o_rank // 32, red=0,
     )
     wob_tasks = geo.hidden // TILE
-    wob_ctas = _wo_b_ctas(wob_tasks, attention_tasks + woa_tasks, blocks)
+    wob_ctas = _wo_b_ctas(wob_tasks, attention_tasks + woa_tasks, blocks, TILE * rank.o_rows,
+                          wob_steps, token_tiles, WOA_ROWS * geo.group_k)
     wo_b = GemvStage(
         name="wo_b", tasks=wob_tasks, first_cta=(attention_tasks + woa_tasks) % blocks,
         ctas=wob_ctas, batch=_batch_fits(math.ceil(wob_tasks / wob_ctas) * wob_steps, token_tiles),
