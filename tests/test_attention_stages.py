@@ -14,12 +14,10 @@ import jinja2
 import pytest
 import torch
 
-from k2back.codegen import plan_attention as plan_attention_module
-from k2back.codegen import render, signature
+from k2back.codegen import render, signature, targets
 from k2back.codegen.compiler import IRSource, compile
 from k2back.codegen.plan import plan
 from k2back.codegen.plan_attention import (
-    ARCH_TARGETS,
     CHUNK_KEYS,
     MIN_SPLIT_TASKS,
     plan_attention,
@@ -37,7 +35,7 @@ SENTINEL = 0xA5  # scratch bytes a stage must leave alone read as this
 
 
 def stage_kernel(stage: str, spec):
-    env = render._environment().overlay(
+    env = render.environment().overlay(
         loader=jinja2.FileSystemLoader([str(render.TEMPLATES), str(KERNELS)]))
     ir = env.get_template("stage.ll.j2").render(
         spec=spec, stage=stage, params=signature.params(), forward=signature.forward())
@@ -187,9 +185,8 @@ def test_short_lds_layouts(arch, lds_kib, passes, monkeypatch):
     """Layouts for little LDS (as for 128 heads on gfx942): fewer parts than
     waves (the spare waves sit the QK out), and the raw records in two PV
     passes."""
-    target = plan_attention_module.ARCH_TARGETS[arch]
-    monkeypatch.setitem(plan_attention_module.ARCH_TARGETS, arch,
-                        dataclasses.replace(target, lds_bytes=lds_kib * 1024))
+    monkeypatch.setitem(targets.ARCHS, arch,
+                        dataclasses.replace(targets.ARCHS[arch], lds_budget=lds_kib * 1024))
     a = plan("tiny", 1, 3, 2, arch).attention
     assert a.key_tiles * a.key_parts < 8
     assert a.chunk_keys // a.raw_keys == passes
@@ -237,15 +234,15 @@ def test_split_instruction_choice(arch):
 # --- the plan ----------------------------------------------------------------
 
 PLANS = [(g, tp, tokens, arch) for g in GEOMETRIES for tp in (1, 2, 4, 8)
-         if GEOMETRIES[g].groups % tp == 0 for tokens in (1, 3, 16, 64) for arch in ARCH_TARGETS]
+         if GEOMETRIES[g].groups % tp == 0 for tokens in (1, 3, 16, 64) for arch in targets.ARCHS]
 
 
 @pytest.mark.parametrize("geometry,tp,tokens,arch", PLANS)
 def test_plan_fits_and_covers(geometry, tp, tokens, arch):
     rank = GEOMETRIES[geometry].rank(tp)
     a = plan_attention(rank, tokens, 2, arch)
-    target = ARCH_TARGETS[arch]
-    assert a.lds_bytes <= target.lds_bytes
+    target = targets.ARCHS[arch]
+    assert a.lds_bytes <= target.lds_budget
     assert a.nchunk * a.chunk_keys >= rank.keys > (a.nchunk - 1) * a.chunk_keys
     assert a.split_tasks == tokens * a.nchunk and a.combine_tasks * 8 == tokens * rank.heads
     # members 16-B aligned and disjoint, except what the plan says aliases q

@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from k2back.codegen.compiler import compile as compile_source
-from k2back.codegen.plan import ARCHS, plan
+from k2back.codegen.plan import plan
 from k2back.codegen.render import KernelSource
+from k2back.codegen.targets import ARCHS
 from k2back.emu import Machine
 from k2back.reference import attention_back
 from k2back.runtime import launch

@@ -12,8 +12,10 @@ from typing import NamedTuple
 
 import llvmlite.binding as llvm
 
+from k2back.codegen import targets
+
 TRIPLE = "amdgcn-amd-amdhsa"
-ARCHS = ("gfx942", "gfx950")
+ARCHS = tuple(targets.ARCHS)
 CODE_OBJECT_VERSION = 500  # code object v5, pinned by a module flag (SPEC §4)
 
 # Target-ID features (AMDGPUUsage "Target ID"): absent means "any", the code runs

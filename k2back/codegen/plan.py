@@ -27,8 +27,8 @@ import re
 import typing
 from dataclasses import dataclass
 
-from k2back.codegen.llvm import ARCHS as LLVM_ARCHS
-from k2back.codegen.plan_attention import ARCH_TARGETS, AttentionPlan, plan_attention
+from k2back.codegen.plan_attention import AttentionPlan, plan_attention
+from k2back.codegen.targets import ArchInfo, arch_info
 from k2back.formats import KV_RECORD_BYTES
 from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, RankShape
 from k2back.model import geometry as model_geometry
@@ -44,37 +44,6 @@ MAX_TOKENS = 64
 MAX_X_STEPS = 16  # 16-B activation loads a lane holds at once (64 VGPRs)
 MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of tasks (128 VGPRs)
 RATIOS = (0, 1, 2)
-
-
-@dataclass(frozen=True)
-class ArchInfo:
-    """Code-generation facts of a target (grid and LDS from plan_attention's
-    table, the one place for them)."""
-
-    name: str
-    blocks: int  # CUs: the persistent grid
-    lds_budget: int  # bytes a CTA may use
-    fp8_fnuz: bool  # hardware fp8 is FNUZ e4m3 (gfx942), else OCP e4m3fn
-    scaled_mfma: bool  # v_mfma_scale_f32_16x16x128_f8f6f4: OCP fp8 with E8M0 block scales
-
-    @property
-    def ocp_per_hw(self) -> int:
-        """An OCP e4m3fn byte's value over the hardware converter's value of it
-        (FNUZ byte b = OCP byte b / 2, normal and subnormal alike)."""
-        return 2 if self.fp8_fnuz else 1
-
-    @property
-    def hw_fp8_max(self) -> float:
-        """Saturation bound of the hardware encoder that yields OCP bytes <= 448."""
-        return 448.0 / self.ocp_per_hw
-
-
-ARCHS: dict[str, ArchInfo] = {
-    name: ArchInfo(name, t.cus, t.lds_bytes, fp8_fnuz, scaled_mfma)
-    for name, fp8_fnuz, scaled_mfma in (("gfx942", True, False), ("gfx950", False, True))
-    for t in (ARCH_TARGETS[name],)
-}
-assert set(ARCHS) == set(LLVM_ARCHS)
 
 
 @dataclass(frozen=True)
@@ -168,7 +137,7 @@ class KernelSpec:
 
     @property
     def arch_info(self) -> ArchInfo:
-        return ARCHS[self.arch]
+        return arch_info(self.arch)
 
     def region(self, name: str) -> Region:
         for r in self.scratch:
@@ -304,7 +273,6 @@ def _check(name: str, value, expected: str, ok: bool):
 
 def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
     geo = model_geometry(geometry)
-    _check("arch", arch, f"one of {sorted(ARCHS)}", arch in ARCHS)
     _check("tokens", tokens, f"an int in 1..{MAX_TOKENS}",
            isinstance(tokens, int) and 1 <= tokens <= MAX_TOKENS)
     _check("ratio", ratio, f"one of {RATIOS}", ratio in RATIOS)
@@ -313,7 +281,7 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
            geo.hidden % TILE == 0)
     _check("geometry", geo.name, f"o_rank·groups a multiple of {STEP_BYTES}",
            rank.o_rows % STEP_BYTES == 0)
-    info = ARCHS[arch]
+    info = arch_info(arch)
     att = plan_attention(rank, tokens, ratio, arch)
     blocks = info.blocks
     token_tiles = math.ceil(tokens / TILE)

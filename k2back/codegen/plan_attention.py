@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from k2back.codegen.targets import ArchInfo, arch_info
 from k2back.formats import KV_DATA_BYTES, KV_SCALE_BYTES
 from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, NOPE_DIM, ROPE_DIM, RankShape
 
@@ -66,20 +67,6 @@ RECORD_PIECES = (
     *((f"r{j}", NOPE_DIM + 64 * j, 2 * NOPE_DIM + 64 * j) for j in range(2 * ROPE_DIM // 64)),
 )
 
-
-@dataclass(frozen=True)
-class ArchTarget:
-    """What the attention stages need to know of a target."""
-
-    cus: int  # the persistent grid: one CTA a CU
-    lds_bytes: int  # LDS a CTA may use
-    mfma_k: int  # bf16 MFMA contraction elements a lane supplies (16x16x16: 4, 16x16x32: 8)
-
-
-ARCH_TARGETS: dict[str, ArchTarget] = {
-    "gfx942": ArchTarget(cus=304, lds_bytes=64 * 1024, mfma_k=4),
-    "gfx950": ArchTarget(cus=256, lds_bytes=160 * 1024, mfma_k=8),
-}
 
 # Chunk sizes the split stage supports: one to eight waves of 16 keys.
 CHUNK_KEYS = (32, 64, 128)
@@ -211,7 +198,7 @@ def _lds_members(heads_padded: int, chunk_keys: int, parts: int,
     return members
 
 
-def _layout(heads: int, chunk_keys: int, target: ArchTarget):
+def _layout(heads: int, chunk_keys: int, target: ArchInfo):
     """(key_parts, raw_keys, LDS members, bytes) of a chunk size, or None when
     nothing fits: all raw records at once if possible (else two PV passes,
     the second half's records held in registers through the QK and two more
@@ -224,7 +211,7 @@ def _layout(heads: int, chunk_keys: int, target: ArchTarget):
         for parts in parts_options:
             lds = _lds_members(heads_padded, chunk_keys, parts, raw_keys)
             lds_bytes = max(off + size for off, size in lds.values())
-            if lds_bytes <= target.lds_bytes:
+            if lds_bytes <= target.lds_budget:
                 return parts, raw_keys, lds, lds_bytes
     return None
 
@@ -238,7 +225,7 @@ def _scratch(tokens: int, nchunk: int, heads: int) -> dict[str, int]:
     }
 
 
-def default_chunk_keys(keys: int, heads: int, tokens: int, target: ArchTarget) -> int:
+def default_chunk_keys(keys: int, heads: int, tokens: int, target: ArchInfo) -> int:
     """The largest chunk that fits LDS and still leaves MIN_SPLIT_TASKS split
     tasks.
 
@@ -261,9 +248,7 @@ def plan_attention(
 ) -> AttentionPlan:
     """The split/combine plan of one launch; `chunk_keys` overrides the
     default chunk size (tests use it to get many chunks from tiny tables)."""
-    if arch not in ARCH_TARGETS:
-        raise ValueError(f"arch: expected one of {sorted(ARCH_TARGETS)}, got {arch!r}")
-    target = ARCH_TARGETS[arch]
+    target = arch_info(arch)
     if not (isinstance(tokens, int) and 1 <= tokens <= MAX_TOKENS):
         raise ValueError(f"tokens: expected an int in 1..{MAX_TOKENS}, got {tokens!r}")
     if ratio not in RATIOS:
@@ -286,7 +271,7 @@ def plan_attention(
             math.ceil(heads / HEAD_TILE) * HEAD_TILE, ck, 1, ck // 2).values())
         raise ValueError(
             f"chunk_keys: {ck} keys with {heads} heads need {need} B of LDS, "
-            f"{arch} has {target.lds_bytes}"
+            f"{arch} has {target.lds_budget}"
         )
     key_parts, raw_keys, lds, lds_bytes = layout
     return AttentionPlan(

@@ -18,7 +18,7 @@ ATTENTION_STAGES = ("split", "combine")  # split.ll.j2 / combine.ll.j2 (attentio
 
 
 @functools.cache
-def _environment() -> jinja2.Environment:
+def environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES),
         undefined=jinja2.StrictUndefined,
@@ -58,7 +58,7 @@ class KernelSource:
         return h.hexdigest()
 
     def render(self) -> str:
-        return _environment().get_template("kernel.ll.j2").render(
+        return environment().get_template("kernel.ll.j2").render(
             spec=self.spec,
             stages=self.stages,
             attention_stages=ATTENTION_STAGES,
