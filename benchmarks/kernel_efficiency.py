@@ -6,7 +6,10 @@ key table), the hand-off traffic through scratch, and wave-instructions per
 stage (kernels holding the first 1, 2, 3, 4 stages, differenced: a stage
 subset only awaits flags of the stages it holds). Prints a table.
 
-    .venv/bin/python benchmarks/kernel_efficiency.py [--full]
+    .venv/bin/python benchmarks/kernel_efficiency.py [--full] [--large]
+
+--large measures S = 64 V4.1-Flash (where every chunk's q reread showed) with
+the whole kernel only: bytes, no per-stage instruction split.
 """
 
 from __future__ import annotations
@@ -33,6 +36,11 @@ FULL = [
     ("v4.1-flash", 4, 2, 2, "gfx950"),
     ("v4.1-flash", 8, 1, 0, "gfx942"),
 ]
+LARGE = [
+    ("v4.1-flash", 4, 64, 2, "gfx942"),
+    ("v4.1-flash", 1, 64, 2, "gfx942"),
+    ("v4.1-flash", 4, 64, 2, "gfx950"),
+]
 
 
 def emulate(spec, kernel, inputs: dict):
@@ -47,7 +55,7 @@ def emulate(spec, kernel, inputs: dict):
                           kernargs=segment)
 
 
-def measure(geometry, tp, tokens, ratio, arch) -> dict:
+def measure(geometry, tp, tokens, ratio, arch, stage_counts=True) -> dict:
     spec = plan(geometry, tp, tokens, ratio, arch)
     inputs = testing.make_inputs(geometry, tp, tokens, ratio, seed=0)
     _, valid = gather_keys(*(inputs[k] for k in ("key_table", "key_len", "swa_cache",
@@ -55,7 +63,7 @@ def measure(geometry, tp, tokens, ratio, arch) -> dict:
     minimum = spec.minimum_bytes(int(valid.sum()))
     row = {"config": f"{geometry} tp{tp} s{tokens} r{ratio} {arch}"}
     previous = 0
-    for n in range(1, len(STAGES) + 1):
+    for n in range(1 if stage_counts else len(STAGES), len(STAGES) + 1):
         start = time.perf_counter()
         kernel = compile_source(KernelSource(spec, STAGES[:n]))
         row["compile_s"] = time.perf_counter() - start
@@ -74,15 +82,18 @@ def measure(geometry, tp, tokens, ratio, arch) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="also V4.1-Flash (slow: minutes each)")
+    parser.add_argument("--large", action="store_true",
+                        help="only S = 64 V4.1-Flash, whole kernel (slowest: one launch each)")
     args = parser.parse_args()
     columns = ["config", "read_mb", "min_mb", "ratio", "scratch_mb", *STAGES, "mfma", "polls",
                "compile_s"]
     print(" | ".join(f"{c:>10}" if c != "config" else f"{c:<28}" for c in columns))
-    for config in CONFIGS + (FULL if args.full else []):
-        row = measure(*config)
+    configs = LARGE if args.large else CONFIGS + (FULL if args.full else [])
+    for config in configs:
+        row = measure(*config, stage_counts=not args.large)
         cells = [f"{row[c]:<28}" if c == "config" else
-                 f"{row[c]:>10.3f}" if isinstance(row[c], float) else f"{row[c]:>10}"
-                 for c in columns]
+                 f"{row.get(c, '-'):>10.3f}" if isinstance(row.get(c), float)
+                 else f"{row.get(c, '-'):>10}" for c in columns]
         print(" | ".join(cells), flush=True)
 
 

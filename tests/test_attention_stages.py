@@ -172,6 +172,39 @@ def test_v41_flash_stages(arch):
     check_combine(arch, 4, 1, 2, {}, geometry="v4.1-flash")
 
 
+def shrink_grid(monkeypatch, arch: str, blocks: int):
+    """Plan for a grid of `blocks` CTAs: few enough for tiny tables that a
+    split task runs several chunks of its token (as S = 64 does on the real
+    grid)."""
+    monkeypatch.setitem(targets.ARCHS, arch,
+                        dataclasses.replace(targets.ARCHS[arch], blocks=blocks))
+
+
+@pytest.mark.parametrize("arch,tp,overrides", [
+    ("gfx942", 4, {}),
+    ("gfx942", 8, {}),  # half a head tile
+    ("gfx950", 1, {}),  # four head tiles resident in LDS
+    ("gfx950", 2, {}),
+    *[(arch, 4, EDGES[0][1]) for arch in ("gfx942", "gfx950")],  # stops at a dead chunk
+])
+def test_split_tasks_of_several_chunks(arch, tp, overrides, monkeypatch):
+    shrink_grid(monkeypatch, arch, 4)
+    a = plan("tiny", tp, 3, 2, arch).attention
+    assert (a.chunks_per_task, a.nchunk, a.split_tasks, a.q_resident) == (2, 2, 3, True)
+    check_split(arch, tp, 3, 2, overrides)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
+def test_v41_flash_split_tasks_of_several_chunks(arch, monkeypatch):
+    """10 chunks of 64 keys in tasks of 3 (the last one alone), key_len
+    random: tasks stop inside."""
+    shrink_grid(monkeypatch, arch, 4)
+    a = plan("v4.1-flash", 4, 1, 2, arch).attention
+    assert (a.chunks_per_task, a.nchunk, a.split_tasks) == (3, 10, 4)
+    check_split(arch, 4, 1, 2, {}, geometry="v4.1-flash")
+
+
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
 @pytest.mark.parametrize("name,overrides", EDGES, ids=[e[0] for e in EDGES])
 def test_edge_cases(arch, name, overrides):
@@ -244,14 +277,19 @@ def test_plan_fits_and_covers(geometry, tp, tokens, arch):
     target = targets.ARCHS[arch]
     assert a.lds_bytes <= target.lds_budget
     assert a.nchunk * a.chunk_keys >= rank.keys > (a.nchunk - 1) * a.chunk_keys
-    assert a.split_tasks == tokens * a.nchunk and a.combine_tasks * 8 == tokens * rank.heads
-    # members 16-B aligned and disjoint, except what the plan says aliases q
-    aliases = {"q", "p", "dots"}
+    assert a.tasks_per_token == math.ceil(a.nchunk / a.chunks_per_task)
+    assert a.split_tasks == tokens * a.tasks_per_token
+    assert a.combine_tasks * 8 == tokens * rank.heads
+    # members 16-B aligned and disjoint, except what the plan says aliases
+    # (p and dots over a streamed q tile, dots over p beside a resident q)
+    home = "p" if a.q_resident else "q"
+    aliases = {home, "p", "dots"}
     spans = sorted((off, off + size, name) for name, (off, size) in a.lds.items()
-                   if name not in aliases - {"q"})
+                   if name not in aliases - {home})
     assert all(off % 16 == 0 for off, _, _ in spans)
     assert all(end <= nxt for (_, end, _), (nxt, _, _) in itertools.pairwise(spans))
-    assert all(a.lds[n][0] == a.lds["q"][0] and a.lds[n][1] <= a.lds["q"][1] for n in aliases)
+    assert all(a.lds[n][0] == a.lds[home][0] for n in aliases)
+    assert a.lds["q"][1] >= (16 * a.head_tiles if a.q_resident else 16) * a.q_row
     # the chunk: as large as LDS allows while MIN_SPLIT_TASKS tasks remain
     for ck in (c for c in CHUNK_KEYS if c > a.chunk_keys):
         try:

@@ -13,6 +13,7 @@ emulator on make_inputs' launch arguments, against the reference of record
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -168,6 +169,28 @@ def test_consumers_scheduled_first(arch):
     assert stats.total_polls > 0  # someone did wait
 
 
+@pytest.mark.parametrize("arch, tp, order", [("gfx942", 4, "forward"), ("gfx950", 4, "reverse"),
+                                            ("gfx950", 1, "forward")])
+def test_kernel_split_tasks_of_several_chunks(arch, tp, order, monkeypatch):
+    """A grid of 4 CTAs: the plan gives a split task both chunks of its token
+    (q read once), combine awaits the token's one split flag."""
+    monkeypatch.setitem(ARCHS, arch, dataclasses.replace(ARCHS[arch], blocks=4))
+    spec = plan("tiny", tp, 3, 2, arch)
+    assert (spec.blocks, spec.attention.chunks_per_task, spec.attention.split_tasks) == (4, 2, 3)
+    kernel = compile_source(KernelSource(spec))
+    inputs = make_inputs("tiny", tp, 3, 2, seed=21 + tp)
+    want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
+    machine = Machine(arch)
+    scratch = launch.new_scratch(spec, "cpu")
+    out = torch.full((spec.tokens, spec.hidden), float("nan"), dtype=torch.bfloat16)
+    segment = launch.kernargs(kernel, spec, {**inputs, "out": out}, machine.map(scratch),
+                              machine.map, inputs["qk_scale"])
+    dims = launch.launch_dims(spec)
+    machine.launch(kernel.asm, kernel.name, grid=dims.grid, block=dims.block,
+                   kernargs=segment, order=order)
+    check(spec, scratch, out, want)
+
+
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_consecutive_launches_share_scratch(arch):
     """The epoch protocol: three launches on one scratch buffer, nothing
@@ -279,7 +302,8 @@ def test_gemv_code_object(arch, geometry, tp, tokens):
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("geometry, tp, tokens, ratio", [("tiny", 1, 16, 2), ("tiny", 8, 1, 0),
-                                                         ("v4.1-flash", 4, 2, 2)])
+                                                         ("v4.1-flash", 4, 2, 2),
+                                                         ("v4.1-flash", 4, 64, 2)])
 def test_kernel_code_object(arch, geometry, tp, tokens, ratio):
     """The whole kernel: no scratch or spills, LDS within budget, 512 threads,
     16-B loads; MFMA in every stage that multiplies (split: QK and PV, wo_a, wo_b)."""

@@ -8,7 +8,7 @@ the kernel's name. Templates take every number from here and restate none.
 
 Stage order and task tables (SPEC §3); CTA b runs tasks (b − first_cta) mod
 BLOCKS, + BLOCKS, ... of each stage, in this order:
-  split    S·nchunk tasks (task = t·nchunk + c)          plan_attention
+  split    S·ceil(nchunk/CPT) tasks of CPT chunks        plan_attention
   combine  S·H/8 tasks (task = t·(H/8) + head group)     plan_attention
   wo_a     G·o_rank/32 tasks of 32 wo_a rows
   wo_b     hidden/16 tasks of 16 wo_b rows
@@ -27,7 +27,7 @@ import re
 import typing
 from dataclasses import dataclass
 
-from k2back.codegen.plan_attention import AttentionPlan, plan_attention
+from k2back.codegen.plan_attention import KERNEL_LDS, AttentionPlan, plan_attention
 from k2back.codegen.targets import ArchInfo, arch_info
 from k2back.formats import KV_RECORD_BYTES
 from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, RankShape
@@ -190,7 +190,8 @@ class KernelSpec:
         lines = [
             (f"{self.name}: {self.geometry} TP {self.tp}, S {self.tokens}, ratio {self.ratio}, "
              f"{self.arch}, {self.blocks} x {self.threads}"),
-            f"chunk {self.attention.chunk_keys} keys x {self.attention.nchunk}",
+            (f"chunk {self.attention.chunk_keys} keys x {self.attention.nchunk}, "
+             f"{self.attention.chunks_per_task} a split task"),
             f"{'stage':<8} {'tasks':>6} {'first CTA':>10} {'CTAs':>6}",
         ]
         lines += [f"{s:<8} {n:>6} {c:>10} {k:>6}" for s, (n, c, k) in self.stage_tasks.items()]
@@ -319,8 +320,8 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
     stage_members = [LdsMember("split", n, o, b) for n, (o, b) in att.lds.items()]
     stage_members += [LdsMember(s.name, "red", s.red, s.red_bytes) for s in (wo_a, wo_b)]
     union = _align(max(m.offset + m.bytes for m in stage_members), 16)
-    lds = (*stage_members, LdsMember("kernel", "tag", union, 16))
-    lds_bytes = union + 16
+    lds = (*stage_members, LdsMember("kernel", "tag", union, KERNEL_LDS))
+    lds_bytes = union + KERNEL_LDS
     if lds_bytes > info.lds_budget:
         raise ValueError(
             f"tokens/tp: {geo.name} TP {tp} S {tokens} needs {lds_bytes} B of LDS, "

@@ -7,13 +7,16 @@ KernelSpec, unions `lds` with the GEMV stages' LDS and lays the `scratch`
 regions out at 256-B aligned offsets.
 
 Contract notes for plan.py / kernel.ll.j2 (see ARCHITECTURE.md):
-- Tasks: split task = t·nchunk + c (chunk c of token t), combine task =
-  t·(H/8) + head group (8 heads: a wave a head). TP 8 (H = 8) has one combine
-  task a token.
-- A split task whose chunk starts at or past key_len[t] returns at once
-  without writing scratch; combine reads only the chunks below
-  ceil(key_len[t] / CK), so those never need to be waited on (waiting on every
-  split flag of the token is correct too: the kernel publishes them all).
+- Tasks: split task = t·tasks_per_token + i covers chunks i·CPT ..
+  min((i+1)·CPT, nchunk) - 1 of token t (CPT = chunks_per_task, consecutive
+  chunks sharing one read of q), combine task = t·(H/8) + head group (8
+  heads: a wave a head). TP 8 (H = 8) has one combine task a token. One
+  split flag a task: combine awaits the token's tasks_per_token flags.
+- A split task stops at its first chunk that starts at or past key_len[t]
+  (returning at once when that is its first) without writing that chunk's
+  scratch; combine reads only the chunks below ceil(key_len[t] / CK), so
+  those never need to be waited on (waiting on every split flag of the
+  token is correct too: the kernel publishes them all).
 - Every LDS member is dead when a stage function returns. The split stage
   writes LDS before its first barrier, so kernel.ll.j2 must put an
   `s_barrier` between two stage calls on a CTA (else the next task's first
@@ -22,9 +25,10 @@ Contract notes for plan.py / kernel.ll.j2 (see ARCHITECTURE.md):
   default); the split stage multiplies it by log2(e) itself.
 - Each KV cache must stay below 4 GiB (`swa_bytes`, `comp_bytes` < 2^32):
   buffer offsets are 32-bit; a larger cache would wrap, not fault.
-- Global bytes beyond SPEC §6's minimum: each chunk rereads its token's q
-  and hands over an H·1 KiB partial (S·nchunk·H·2 KiB in all, the chunk
-  size trades them against parallelism: default_chunk_keys); every KV
+- Global bytes beyond SPEC §6's minimum: each split task rereads its token's
+  q (H·1 KiB), each chunk hands over an H·1 KiB partial (the chunk size and
+  the chunks a task trade them against parallelism: default_chunk_keys,
+  chunks_per_task); every KV
   record is read once (with 4 key parts, 32-key chunks, each scale word
   twice), a table entry once by each wave sharing its key tile (key_parts ·
   4 B a key).
@@ -43,7 +47,7 @@ import math
 from dataclasses import dataclass, field
 
 from k2back.codegen.targets import ArchInfo, arch_info
-from k2back.formats import KV_DATA_BYTES, KV_SCALE_BYTES
+from k2back.formats import KV_DATA_BYTES, KV_RECORD_BYTES, KV_SCALE_BYTES
 from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, NOPE_DIM, ROPE_DIM, RankShape
 
 WAVES = 8  # 512 threads a CTA
@@ -79,6 +83,8 @@ PART_PIECES = {
     2: (("n0", "n1", "n2", "n3"), ("n4", "n5", "n6", "r0", "r1")),
     4: (("n0", "n1"), ("n2", "n3"), ("n4", "n5"), ("n6", "r0", "r1")),
 }
+# LDS past every stage's members: the kernel's launch tag word (plan.py)
+KERNEL_LDS = 16
 MAX_CHUNKS = WAVE  # combine reads a token's chunk stats a lane a chunk
 MIN_SPLIT_TASKS = 8
 RATIOS = (0, 1, 2)
@@ -93,25 +99,30 @@ class AttentionPlan:
       arch, tokens (S), heads (H), keys (key-table width), ratio (0: window only,
         no comp_cache: compressed entries are treated as invalid)
       chunk_keys (CK), nchunk = ceil(keys / CK)
-      split_tasks = S·nchunk, combine_tasks = S·H/8
+      chunks_per_task (CPT): consecutive chunks of one token a split task
+        runs, q read once for all (in LDS, every head tile, when CPT > 1)
+      tasks_per_token = ceil(nchunk / CPT)
+      split_tasks = S·tasks_per_token, combine_tasks = S·H/8
       key_tiles = CK/16, key_parts <= 8/key_tiles (as many as LDS allows for
         the parts' dots): wave w < key_tiles·key_parts scores key tile
         w % key_tiles (keys c·CK + 16·tile ..) over the record pieces
         part_pieces[w // key_tiles]; part 0 sums the parts' dots and does the
         softmax; every wave then does the PV of dims 64w .. 64w+63
       head_tiles = ceil(H/16): QK runs once a head tile, q of one tile in LDS
+        (CPT = 1: streamed a tile at a time) or of all (CPT > 1)
       mfma_k: bf16 elements a lane supplies an MFMA (4 on gfx942, 8 on gfx950)
       lds: member -> (offset, bytes) of the split stage (combine needs none):
-        q     one head tile of q, bf16 rows of Q_ROW bytes
-        p     bf16 p, a row of CK·2 + P_PAD bytes a head (aliases q: written
-              after the last QK)
+        q     one head tile of q (CPT = 1) or all (CPT > 1), bf16 rows of
+              Q_ROW bytes
+        p     bf16 p, a row of CK·2 + P_PAD bytes a head (aliases a streamed
+              q: written after the last QK; beside a resident one)
         raw   raw_keys of the chunk's records as loaded, RAW_STRIDE bytes a
               key: all of them, or half (then the PV runs in two passes, the
               second half written from the scoring waves' registers)
         smax  f32 [key_tiles, 16·head_tiles] per-wave max of each head
         ssum  f32 [key_tiles, 16·head_tiles] per-wave Σ p of each head
         dots  f32 [key_parts - 1, key_tiles, head_tiles, 64 lanes, 4] the
-              other parts' partial scores (aliases q too: written after the
+              other parts' partial scores (aliases p: written after the
               last QK, read before p is written)
       lds_bytes: end of the last member
       scratch: region -> bytes (layouts in the module docstring)
@@ -124,6 +135,8 @@ class AttentionPlan:
     ratio: int
     chunk_keys: int
     nchunk: int
+    chunks_per_task: int
+    tasks_per_token: int
     split_tasks: int
     combine_tasks: int
     key_tiles: int
@@ -164,6 +177,11 @@ class AttentionPlan:
         return tuple(words)
 
     @property
+    def q_resident(self) -> bool:
+        """q of every head tile stays in LDS across the task's chunks."""
+        return self.chunks_per_task > 1
+
+    @property
     def p_row(self) -> int:
         return 2 * self.chunk_keys + P_PAD
 
@@ -176,29 +194,37 @@ class AttentionPlan:
         return self.heads // self.combine_heads
 
 
-def _lds_members(heads_padded: int, chunk_keys: int, parts: int,
-                 raw_keys: int) -> dict[str, tuple[int, int]]:
+def _align16(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def _lds_members(heads_padded: int, chunk_keys: int, parts: int, raw_keys: int,
+                 q_resident: bool) -> dict[str, tuple[int, int]]:
     key_tiles = chunk_keys // KEY_TILE
     p_bytes = heads_padded * (2 * chunk_keys + P_PAD)
     dots_bytes = (parts - 1) * key_tiles * heads_padded // HEAD_TILE * WAVE * 16
+    # the parts' dots are dead once part 0 has summed them, before p is written
+    p_dots = max(p_bytes, dots_bytes)
     sizes = {
-        # q is dead once the last QK has read it: the parts' dots, then p,
-        # take its place
-        "q": max(HEAD_TILE * Q_ROW, p_bytes, dots_bytes),
+        # a streamed q tile is dead once the last QK has read it: dots and p
+        # take its place; a resident q serves the task's next chunk
+        "q": heads_padded * Q_ROW if q_resident else max(HEAD_TILE * Q_ROW, p_dots),
         "raw": raw_keys * RAW_STRIDE,
         "smax": 4 * key_tiles * heads_padded,
         "ssum": 4 * key_tiles * heads_padded,
+        **({"p": p_dots} if q_resident else {}),
     }
     members, offset = {}, 0
     for name, size in sizes.items():
         members[name] = (offset, size)
-        offset += -(-size // 16) * 16
-    members["p"] = (members["q"][0], p_bytes)
-    members["dots"] = (members["q"][0], dots_bytes)
+        offset += _align16(size)
+    home = members["p" if q_resident else "q"][0]
+    members["p"] = (home, p_bytes)
+    members["dots"] = (home, dots_bytes)
     return members
 
 
-def _layout(heads: int, chunk_keys: int, target: ArchInfo):
+def _layout(heads: int, chunk_keys: int, target: ArchInfo, q_resident: bool = False):
     """(key_parts, raw_keys, LDS members, bytes) of a chunk size, or None when
     nothing fits: all raw records at once if possible (else two PV passes,
     the second half's records held in registers through the QK and two more
@@ -209,9 +235,9 @@ def _layout(heads: int, chunk_keys: int, target: ArchInfo):
                            reverse=True)
     for raw_keys in (chunk_keys, chunk_keys // 2):
         for parts in parts_options:
-            lds = _lds_members(heads_padded, chunk_keys, parts, raw_keys)
+            lds = _lds_members(heads_padded, chunk_keys, parts, raw_keys, q_resident)
             lds_bytes = max(off + size for off, size in lds.values())
-            if lds_bytes <= target.lds_budget:
+            if _align16(lds_bytes) + KERNEL_LDS <= target.lds_budget:
                 return parts, raw_keys, lds, lds_bytes
     return None
 
@@ -243,6 +269,25 @@ def default_chunk_keys(keys: int, heads: int, tokens: int, target: ArchInfo) -> 
     return fitting[0]
 
 
+def chunks_per_task(tokens: int, nchunk: int, heads: int, chunk_keys: int,
+                    target: ArchInfo) -> int:
+    """Consecutive chunks of one token a split task runs, reading q once.
+
+    Split tasks go round the grid, so a CTA runs ceil(tasks / blocks) of them;
+    each streams q (H·1 KiB) and its chunks' KV records. The choice: the most
+    chunks a task whose busiest CTA streams no more than with any other
+    choice (more chunks a task cost parallelism only where CTAs would
+    otherwise idle), q resident in LDS for all of them (else one chunk)."""
+    def busiest(cpt: int) -> int:
+        tasks = tokens * math.ceil(nchunk / cpt)
+        return math.ceil(tasks / target.blocks) * (heads + cpt * chunk_keys * KV_RECORD_BYTES // 1024)
+
+    fitting = [c for c in range(1, nchunk + 1)
+               if c == 1 or _layout(heads, chunk_keys, target, q_resident=True)]
+    least = min(map(busiest, fitting))
+    return max(c for c in fitting if busiest(c) == least)
+
+
 def plan_attention(
     rank: RankShape, tokens: int, ratio: int, arch: str, chunk_keys: int | None = None
 ) -> AttentionPlan:
@@ -268,12 +313,16 @@ def plan_attention(
     layout = _layout(heads, ck, target)
     if layout is None:
         need = max(off + size for off, size in _lds_members(
-            math.ceil(heads / HEAD_TILE) * HEAD_TILE, ck, 1, ck // 2).values())
+            math.ceil(heads / HEAD_TILE) * HEAD_TILE, ck, 1, ck // 2, False).values())
         raise ValueError(
             f"chunk_keys: {ck} keys with {heads} heads need {need} B of LDS, "
             f"{arch} has {target.lds_budget}"
         )
+    cpt = chunks_per_task(tokens, nchunk, heads, ck, target)
+    if cpt > 1:
+        layout = _layout(heads, ck, target, q_resident=True)
     key_parts, raw_keys, lds, lds_bytes = layout
+    tasks_per_token = math.ceil(nchunk / cpt)
     return AttentionPlan(
         arch=arch,
         tokens=tokens,
@@ -282,7 +331,9 @@ def plan_attention(
         ratio=ratio,
         chunk_keys=ck,
         nchunk=nchunk,
-        split_tasks=tokens * nchunk,
+        chunks_per_task=cpt,
+        tasks_per_token=tasks_per_token,
+        split_tasks=tokens * tasks_per_token,
         combine_tasks=tokens * heads // min(HEADS_PER_GROUP, heads),
         key_tiles=ck // KEY_TILE,
         key_parts=key_parts,
