@@ -150,22 +150,28 @@ def test_kernel_many_tokens_and_ratio_1(arch, tp, tokens, ratio):
     launch_and_check("tiny", tp, tokens, ratio, arch, inputs)
 
 
-@pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_consumers_scheduled_first(arch):
-    """Workgroups started and scheduled in reverse order: the GEMV CTAs (high
-    numbers) poll long before any split task ran; the hand-offs still hold."""
-    spec, kernel = build("tiny", 4, 3, 2, arch)
-    inputs = make_inputs("tiny", 4, 3, 2, seed=11)
+def launch_in_order(spec, kernel, inputs, order):
+    """One launch with the workgroups started in `order`, checked against the
+    reference; returns the emulator's stats."""
     want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
-    machine = Machine(arch)
+    machine = Machine(spec.arch)
     scratch = launch.new_scratch(spec, "cpu")
     out = torch.full((spec.tokens, spec.hidden), float("nan"), dtype=torch.bfloat16)
     segment = launch.kernargs(kernel, spec, {**inputs, "out": out}, machine.map(scratch),
                               machine.map, inputs["qk_scale"])
     dims = launch.launch_dims(spec)
     stats = machine.launch(kernel.asm, kernel.name, grid=dims.grid, block=dims.block,
-                           kernargs=segment, order="reverse")
+                           kernargs=segment, order=order)
     check(spec, scratch, out, want)
+    return stats
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_consumers_scheduled_first(arch):
+    """Workgroups started and scheduled in reverse order: the GEMV CTAs (high
+    numbers) poll long before any split task ran; the hand-offs still hold."""
+    spec, kernel = build("tiny", 4, 3, 2, arch)
+    stats = launch_in_order(spec, kernel, make_inputs("tiny", 4, 3, 2, seed=11), "reverse")
     assert stats.total_polls > 0  # someone did wait
 
 
@@ -178,17 +184,7 @@ def test_kernel_split_tasks_of_several_chunks(arch, tp, order, monkeypatch):
     spec = plan("tiny", tp, 3, 2, arch)
     assert (spec.blocks, spec.attention.chunks_per_task, spec.attention.split_tasks) == (4, 2, 3)
     kernel = compile_source(KernelSource(spec))
-    inputs = make_inputs("tiny", tp, 3, 2, seed=21 + tp)
-    want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
-    machine = Machine(arch)
-    scratch = launch.new_scratch(spec, "cpu")
-    out = torch.full((spec.tokens, spec.hidden), float("nan"), dtype=torch.bfloat16)
-    segment = launch.kernargs(kernel, spec, {**inputs, "out": out}, machine.map(scratch),
-                              machine.map, inputs["qk_scale"])
-    dims = launch.launch_dims(spec)
-    machine.launch(kernel.asm, kernel.name, grid=dims.grid, block=dims.block,
-                   kernargs=segment, order=order)
-    check(spec, scratch, out, want)
+    launch_in_order(spec, kernel, make_inputs("tiny", tp, 3, 2, seed=21 + tp), order)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
