@@ -262,6 +262,18 @@ def test_split_instruction_choice(arch):
     qk = "v_mfma_f32_16x16x16_bf16" if arch == "gfx942" else "v_mfma_f32_16x16x32_bf16"
     assert qk in asm and "v_mfma_f32_16x16x16_bf16" in asm
     assert "scratch_" not in asm
+    # gfx950 dequantizes a byte pair in one op
+    assert ("v_cvt_scalef32_pk_bf16_fp8" in asm) == spec.arch_info.scaled_convert == (arch == "gfx950")
+
+
+def test_kernel_key_covers_the_arch_facts(monkeypatch):
+    """The templates read targets.ARCHS: a changed fact is a different kernel
+    (else a cached code object built on the old belief would be reused)."""
+    spec = plan("tiny", 4, 3, 2, "gfx950")
+    before = render.KernelSource(spec).key()
+    monkeypatch.setitem(targets.ARCHS, "gfx950",
+                        dataclasses.replace(targets.ARCHS["gfx950"], scaled_convert=False))
+    assert render.KernelSource(spec).key() != before
 
 
 # --- the plan ----------------------------------------------------------------

@@ -3,8 +3,10 @@ templates in k2back/templates (kernel.ll.j2 includes the stage templates)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
+import json
 from pathlib import Path
 
 import jinja2
@@ -53,7 +55,9 @@ class KernelSource:
         self.spec_json = spec.to_json()
 
     def key(self) -> str:
-        h = hashlib.sha256(f"{self.spec.to_json()}\0{self.stages}\0".encode())
+        # the templates also read the arch's facts (targets.ARCHS), beyond the spec
+        arch_facts = json.dumps(dataclasses.asdict(self.spec.arch_info), sort_keys=True)
+        h = hashlib.sha256(f"{self.spec.to_json()}\0{arch_facts}\0{self.stages}\0".encode())
         h.update(_template_digest().encode())
         return h.hexdigest()
 

@@ -18,6 +18,7 @@ class ArchInfo:
     mfma_k: int  # bf16 MFMA contraction elements a lane supplies (16x16x16: 4, 16x16x32: 8)
     fp8_fnuz: bool  # hardware fp8 is FNUZ e4m3 (gfx942), else OCP e4m3fn
     scaled_mfma: bool  # v_mfma_scale_f32_16x16x128_f8f6f4: OCP fp8 with E8M0 block scales
+    scaled_convert: bool  # v_cvt_scalef32_pk_bf16_fp8: two OCP fp8 times 2^(exponent of an f32)
 
     @property
     def ocp_per_hw(self) -> int:
@@ -35,9 +36,9 @@ ARCHS: dict[str, ArchInfo] = {
     a.name: a
     for a in (
         ArchInfo("gfx942", blocks=304, lds_budget=64 * 1024, mfma_k=4, fp8_fnuz=True,
-                 scaled_mfma=False),
+                 scaled_mfma=False, scaled_convert=False),
         ArchInfo("gfx950", blocks=256, lds_budget=160 * 1024, mfma_k=8, fp8_fnuz=False,
-                 scaled_mfma=True),
+                 scaled_mfma=True, scaled_convert=True),
     )
 }
 
