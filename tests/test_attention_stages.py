@@ -196,12 +196,18 @@ def test_split_tasks_of_several_chunks(arch, tp, overrides, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
-def test_v41_flash_split_tasks_of_several_chunks(arch, monkeypatch):
+@pytest.mark.parametrize("lds_kib,passes", [(None, None), (37, 4)])
+def test_v41_flash_split_tasks_of_several_chunks(arch, lds_kib, passes, monkeypatch):
     """10 chunks of 64 keys in tasks of 3 (the last one alone), key_len
-    random: tasks stop inside."""
+    random: tasks stop inside. With 37 KiB of LDS the resident q leaves room
+    for a quarter of the raw records: four PV passes."""
     shrink_grid(monkeypatch, arch, 4)
+    if lds_kib:
+        monkeypatch.setitem(targets.ARCHS, arch, dataclasses.replace(
+            targets.ARCHS[arch], lds_budget=lds_kib * 1024))
     a = plan("v4.1-flash", 4, 1, 2, arch).attention
     assert (a.chunks_per_task, a.nchunk, a.split_tasks) == (3, 10, 4)
+    assert passes is None or a.chunk_keys // a.raw_keys == passes
     check_split(arch, 4, 1, 2, {}, geometry="v4.1-flash")
 
 

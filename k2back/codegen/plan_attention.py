@@ -74,6 +74,12 @@ RECORD_PIECES = (
 
 # Chunk sizes the split stage supports: one to eight waves of 16 keys.
 CHUNK_KEYS = (32, 64, 128)
+# PV passes over a chunk's raw records, as LDS allows: all at once, or halves
+# (of at least a key tile); or quarters, to make room for a resident q only:
+# for a streamed q they would just buy larger chunks, which overflow the
+# registers with 128 heads on gfx942 (v4-pro TP 1: 38 VGPRs spilled)
+PV_PASSES = (1, 2)
+PV_PASSES_Q_RESIDENT = (1, 2, 4)
 # A key tile's record pieces split among the waves that share it (chunks of
 # fewer than 128 keys leave 8 / key_tiles waves a tile): each part loads,
 # dequantizes and scores its pieces, so every wave works. Balanced in MFMAs
@@ -117,8 +123,9 @@ class AttentionPlan:
         p     bf16 p, a row of CK·2 + P_PAD bytes a head (aliases a streamed
               q: written after the last QK; beside a resident one)
         raw   raw_keys of the chunk's records as loaded, RAW_STRIDE bytes a
-              key: all of them, or half (then the PV runs in two passes, the
-              second half written from the scoring waves' registers)
+              key: all of them, or a half or quarter (then the PV runs in
+              CK / raw_keys passes, the later ones written from the scoring
+              waves' registers)
         smax  f32 [key_tiles, 16·head_tiles] per-wave max of each head
         ssum  f32 [key_tiles, 16·head_tiles] per-wave Σ p of each head
         dots  f32 [key_parts - 1, key_tiles, head_tiles, 64 lanes, 4] the
@@ -226,14 +233,15 @@ def _lds_members(heads_padded: int, chunk_keys: int, parts: int, raw_keys: int,
 
 def _layout(heads: int, chunk_keys: int, target: ArchInfo, q_resident: bool = False):
     """(key_parts, raw_keys, LDS members, bytes) of a chunk size, or None when
-    nothing fits: all raw records at once if possible (else two PV passes,
-    the second half's records held in registers through the QK and two more
-    barriers), then the most parts whose dots exchange fits LDS (fewer parts
-    leave waves idle in the QK)."""
+    nothing fits: all raw records at once if possible (else the fewest PV
+    passes, the later passes' records held in registers through the QK, two
+    more barriers a pass), then the most parts whose dots exchange fits LDS
+    (fewer parts leave waves idle in the QK)."""
     heads_padded = math.ceil(heads / HEAD_TILE) * HEAD_TILE
     parts_options = sorted((p for p in PART_PIECES if p * chunk_keys <= WAVES * KEY_TILE),
                            reverse=True)
-    for raw_keys in (chunk_keys, chunk_keys // 2):
+    passes = PV_PASSES_Q_RESIDENT if q_resident else PV_PASSES
+    for raw_keys in (chunk_keys // n for n in passes if chunk_keys // n >= KEY_TILE):
         for parts in parts_options:
             lds = _lds_members(heads_padded, chunk_keys, parts, raw_keys, q_resident)
             lds_bytes = max(off + size for off, size in lds.values())
@@ -313,7 +321,8 @@ def plan_attention(
     layout = _layout(heads, ck, target)
     if layout is None:
         need = max(off + size for off, size in _lds_members(
-            math.ceil(heads / HEAD_TILE) * HEAD_TILE, ck, 1, ck // 2, False).values())
+            math.ceil(heads / HEAD_TILE) * HEAD_TILE, ck, 1,
+            max(ck // PV_PASSES[-1], KEY_TILE), False).values())
         raise ValueError(
             f"chunk_keys: {ck} keys with {heads} heads need {need} B of LDS, "
             f"{arch} has {target.lds_budget}"
