@@ -1,0 +1,62 @@
+"""The GEMV stages' gfx942 path: fp8 MFMA (FNUZ) on the weight bytes as loaded,
+block scales applied in fp32 after each step (k2back/templates/gemv.ll.j2).
+
+- The code object multiplies with v_mfma_f32_16x16x32_fp8_fp8 and converts no
+  fp8 element (no v_cvt_pk_f32_fp8, no bf16 MFMA).
+- Numbers: every finite e4m3fn byte (subnormals, ±448, 0x80) in the weights,
+  block codes drawn independently per 32x32 block over a wide range (a B column
+  scaled with its neighbour block's code, or an MFMA mixing two blocks, is off by
+  powers of two), token counts around the 8-token x tiles; X8B and out against
+  the reference of record. Both archs (the templates share the loop structure).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from k2back.reference import attention_back
+from k2back.runtime import launch
+from k2back.testing import make_inputs
+from test_kernel import GEMV, asm_lines, build, check, gemv_launch, region
+
+NAN_BYTES = (0x7F, 0xFF)  # e4m3fn's NaNs: weights never hold them
+
+
+def wide_weights(inputs: dict, seed: int) -> dict:
+    """wo_a / wo_b with uniformly random finite e4m3fn bytes and UE8M0 codes in
+    110..140, each 32x32 block its own."""
+    gen = torch.Generator().manual_seed(seed)
+    finite = torch.tensor([b for b in range(256) if b not in NAN_BYTES], dtype=torch.uint8)
+    changed = {}
+    for name in ("wo_a", "wo_b"):
+        shape = inputs[name].shape
+        pick = torch.randint(len(finite), shape, generator=gen)
+        changed[name] = finite[pick].view(inputs[name].dtype)
+        codes = inputs[f"{name}_scale"]
+        changed[f"{name}_scale"] = torch.randint(110, 141, codes.shape, generator=gen,
+                                                 dtype=torch.int32).to(codes.dtype)
+    return changed
+
+
+def test_fp8_mfma_converts_no_element():
+    spec, kernel = build("v4.1-flash", 4, 1, 2, "gfx942", GEMV)
+    ops = {ln.split()[0] for ln in asm_lines(kernel)}
+    assert "v_mfma_f32_16x16x32_fp8_fp8" in ops
+    assert not {op for op in ops if op.startswith(("v_cvt_pk_f32_fp8", "v_cvt_f32_fp8"))}
+    assert not {op for op in ops if op.startswith("v_mfma") and "bf16" in op}
+
+
+@pytest.mark.parametrize("arch, tokens", [("gfx942", 1), ("gfx942", 8), ("gfx942", 9),
+                                          ("gfx942", 24), ("gfx950", 9)])
+def test_gemv_wide_bytes_and_block_codes(arch, tokens):
+    spec, kernel = build("tiny", 2, tokens, 2, arch, GEMV)
+    inputs = make_inputs("tiny", 2, tokens, 2, seed=20 + tokens)
+    inputs.update(wide_weights(inputs, seed=tokens))
+    want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
+    scratch = launch.new_scratch(spec, "cpu")
+    out, _ = gemv_launch(spec, kernel, inputs, want, scratch, epoch=0)
+    check(spec, scratch, out, want, ("x8b", "out"))
+    if arch == "gfx942":
+        # wo_b reads X8B without clearing 0x80 bytes: the FNUZ encoder must never write one
+        assert not (region(spec, scratch, "x8b") == 0x80).any()
