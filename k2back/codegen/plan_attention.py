@@ -287,8 +287,10 @@ def chunks_per_task(tokens: int, nchunk: int, heads: int, chunk_keys: int,
     choice (more chunks a task cost parallelism only where CTAs would
     otherwise idle), q resident in LDS for all of them (else one chunk)."""
     def busiest(cpt: int) -> int:
+        """Bytes the busiest CTA streams: its tasks' q and KV records."""
         tasks = tokens * math.ceil(nchunk / cpt)
-        return math.ceil(tasks / target.blocks) * (heads + cpt * chunk_keys * KV_RECORD_BYTES // 1024)
+        task_bytes = heads * HEAD_DIM * 2 + cpt * chunk_keys * KV_RECORD_BYTES
+        return math.ceil(tasks / target.blocks) * task_bytes
 
     fitting = [c for c in range(1, nchunk + 1)
                if c == 1 or _layout(heads, chunk_keys, target, q_resident=True)]
