@@ -297,6 +297,10 @@ def test_plan_fits_and_covers(geometry, tp, tokens, arch):
     assert a.nchunk * a.chunk_keys >= rank.keys > (a.nchunk - 1) * a.chunk_keys
     assert a.tasks_per_token == math.ceil(a.nchunk / a.chunks_per_task)
     assert a.split_tasks == tokens * a.tasks_per_token
+    # chunks shared by a task never lengthen the chain of chunks a CTA runs
+    blocks = targets.ARCHS[arch].blocks
+    assert (math.ceil(a.split_tasks / blocks) * a.chunks_per_task
+            <= math.ceil(tokens * a.nchunk / blocks))
     assert a.combine_tasks * 8 == tokens * rank.heads
     # members 16-B aligned and disjoint, except what the plan says aliases
     # (p and dots over a streamed q tile, dots over p beside a resident q)
@@ -315,6 +319,15 @@ def test_plan_fits_and_covers(geometry, tp, tokens, arch):
         except ValueError:
             continue  # does not fit LDS
         assert tokens * math.ceil(rank.keys / ck) < MIN_SPLIT_TASKS
+
+
+@pytest.mark.parametrize("tp,arch", [(2, "gfx942"), (4, "gfx942"), (8, "gfx942"),
+                                     (1, "gfx950"), (2, "gfx950"), (4, "gfx950")])
+def test_large_s_reads_q_once_for_several_chunks(tp, arch):
+    """S = 64 on the real grid: more chunks (5 a token) than CTAs to spare,
+    so a split task takes two, and q is read 3 times a token, not 5."""
+    a = plan_attention(GEOMETRIES["v4.1-flash"].rank(tp), 64, 2, arch)
+    assert a.q_resident and a.tasks_per_token < a.nchunk
 
 
 @pytest.mark.parametrize("parts", (1, 2, 4))
