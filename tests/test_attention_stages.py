@@ -325,7 +325,8 @@ def test_plan_fits_and_covers(geometry, tp, tokens, arch):
                                      (1, "gfx950"), (2, "gfx950"), (4, "gfx950")])
 def test_large_s_reads_q_once_for_several_chunks(tp, arch):
     """S = 64 on the real grid: more chunks (5 a token) than CTAs to spare,
-    so a split task takes two, and q is read 3 times a token, not 5."""
+    so split tasks take several and q is read fewer times than a token has
+    chunks."""
     a = plan_attention(GEOMETRIES["v4.1-flash"].rank(tp), 64, 2, arch)
     assert a.q_resident and a.tasks_per_token < a.nchunk
 
