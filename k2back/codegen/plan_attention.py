@@ -292,10 +292,10 @@ def chunks_per_task(tokens: int, nchunk: int, heads: int, chunk_keys: int,
         task_bytes = heads * HEAD_DIM * 2 + cpt * chunk_keys * KV_RECORD_BYTES
         return math.ceil(tasks / target.blocks) * task_bytes
 
-    fitting = [c for c in range(1, nchunk + 1)
-               if c == 1 or _layout(heads, chunk_keys, target, q_resident=True)]
-    least = min(map(busiest, fitting))
-    return max(c for c in fitting if busiest(c) == least)
+    if _layout(heads, chunk_keys, target, q_resident=True) is None:
+        return 1
+    least = min(map(busiest, range(1, nchunk + 1)))
+    return max(c for c in range(1, nchunk + 1) if busiest(c) == least)
 
 
 def plan_attention(
