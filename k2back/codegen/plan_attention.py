@@ -282,10 +282,10 @@ def chunks_per_task(tokens: int, nchunk: int, heads: int, chunk_keys: int,
     """Consecutive chunks of one token a split task runs, reading q once.
 
     Split tasks go round the grid, so a CTA runs ceil(tasks / blocks) of them;
-    each streams q (H·1 KiB) and its chunks' KV records. The choice: the most
-    chunks a task whose busiest CTA streams no more than with any other
-    choice (more chunks a task cost parallelism only where CTAs would
-    otherwise idle), q resident in LDS for all of them (else one chunk)."""
+    each streams q (H·1 KiB) and its chunks' KV records. Of the counts whose
+    busiest CTA streams the fewest bytes, the largest (fewest q reads): more
+    chunks a task then only fill CTAs that would otherwise run a second
+    task. One chunk when a resident q does not fit LDS."""
     def busiest(cpt: int) -> int:
         """Bytes the busiest CTA streams: its tasks' q and KV records."""
         tasks = tokens * math.ceil(nchunk / cpt)
