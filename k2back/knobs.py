@@ -8,9 +8,9 @@ values enter the cache key (`cache_key_factors`).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import platformdirs
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_kernel import GEMV, asm_lines, build, check, gemv_launch, region
 
 from k2back.reference import attention_back
 from k2back.runtime import launch
 from k2back.testing import make_inputs
-from test_kernel import GEMV, asm_lines, build, check, gemv_launch, region
 
 NAN_BYTES = (0x7F, 0xFF)  # e4m3fn's NaNs: weights never hold them
 
@@ -40,7 +40,7 @@ def wide_weights(inputs: dict, seed: int) -> dict:
 
 
 def test_fp8_mfma_converts_no_element():
-    spec, kernel = build("v4.1-flash", 4, 1, 2, "gfx942", GEMV)
+    _spec, kernel = build("v4.1-flash", 4, 1, 2, "gfx942", GEMV)
     ops = {ln.split()[0] for ln in asm_lines(kernel)}
     assert "v_mfma_f32_16x16x32_fp8_fp8" in ops
     assert not {op for op in ops if op.startswith(("v_cvt_pk_f32_fp8", "v_cvt_f32_fp8"))}

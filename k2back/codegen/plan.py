@@ -66,7 +66,8 @@ class LdsMember:
 @dataclass(frozen=True)
 class GemvStage:
     """One GEMV stage: `tasks` tasks of `rows` weight rows times the S activation
-    rows (fp8 + UE8M0 codes in scratch), bf16 MFMA after an exact dequantization.
+    rows (fp8 + UE8M0 codes in scratch): the scaled f8f6f4 MFMA on gfx950, the
+    FNUZ fp8 MFMA with each product block scaled in fp32 on gfx942 (gemv.ll.j2).
 
     Wave w < k_waves contracts k bytes [w·k_steps·64, (w+1)·k_steps·64) of every
     row tile: lane (r = ℓ%16, j = ℓ/16) loads 16 B at k = that + 64·i + 16·j of
@@ -83,7 +84,7 @@ class GemvStage:
     k: int  # contraction length = weight row bytes
     k_waves: int
     k_steps: int
-    code_steps: int  # steps one block code of a lane covers: 1 (bf16 MFMA), 2 (a scaled MFMA)
+    code_steps: int  # steps one block code of a lane covers: 1 (gfx942 fp8 MFMA), 2 (gfx950 scaled MFMA)
     x_batch: int  # steps of activations a lane holds at once, each token tile (64 VGPRs in all)
     token_tiles: int
     weight: str  # kernel argument of the fp8 weight and ...
