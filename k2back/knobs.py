@@ -47,6 +47,9 @@ KNOBS: dict[str, Knob] = {
              "any compile is an error (set by serving processes after warm-up)"),
         Knob("K2BACK_LOG_LEVEL", str.upper, lambda: "WARNING", False,
              "level of the `k2back` logger"),
+        Knob("K2BACK_COMPILE_TIMEOUT", float, lambda: 600.0, False,
+             "seconds one LLVM stage may run before its worker is killed (a hung pass "
+             "becomes a CompileError, not a hung caller)"),
     )
 }
 
@@ -77,6 +80,10 @@ def assert_no_compile() -> bool:
 
 def log_level() -> str:
     return get("K2BACK_LOG_LEVEL")
+
+
+def compile_timeout() -> float:
+    return get("K2BACK_COMPILE_TIMEOUT")
 
 
 def cache_key_factors() -> dict[str, str]:

@@ -182,6 +182,16 @@ def test_llvm_abort_is_a_compile_error_and_the_parent_lives_on(private_cache):
         IRSource(SCALED_MFMA, "crash", "gfx950")).asm
 
 
+def test_a_stage_past_the_timeout_kills_the_worker_and_the_next_build_works(
+        private_cache, monkeypatch):
+    monkeypatch.setenv("K2BACK_COMPILE_TIMEOUT", "1e-6")  # no stage answers that fast
+    with pytest.raises(CompileError, match="no progress for 1e-06 s .*K2BACK_COMPILE_TIMEOUT"):
+        compile(IRSource(AXPY, "axpy", "gfx942"))
+    assert cache_contents(private_cache) == []
+    monkeypatch.delenv("K2BACK_COMPILE_TIMEOUT")
+    assert "global_store_dword" in compile(IRSource(AXPY, "axpy", "gfx942")).asm
+
+
 def test_failure_ir_goes_to_the_dump_dir_when_set(tmp_path, monkeypatch):
     monkeypatch.setenv("K2BACK_DUMP_DIR", str(tmp_path / "dump"))
     with pytest.raises(CompileError) as error:

@@ -174,7 +174,10 @@ class Worker:
             mark = self._stderr.seek(0, os.SEEK_END)
             self._conn.send((stages, outputs, tuple(target)))
             stage = stages[0][0]
+            timeout = knobs.compile_timeout()
             while True:
+                if not self._conn.poll(timeout):
+                    raise _StageFailed(stage, self._kill(mark, timeout))
                 try:
                     kind, *rest = self._conn.recv()
                 except (EOFError, ConnectionError):
@@ -204,6 +207,14 @@ class Worker:
         output = self._output(mark)[-4000:]
         self._retire()
         return f"the LLVM worker process died ({cause})" + (f":\n{output}" if output else "")
+
+    def _kill(self, mark: int, timeout: float) -> str:
+        self._process.kill()
+        self._process.wait()
+        output = self._output(mark)[-4000:]
+        self._retire()
+        return (f"the LLVM worker made no progress for {timeout:g} s (K2BACK_COMPILE_TIMEOUT) "
+                "and was killed" + (f":\n{output}" if output else ""))
 
     def _retire(self) -> None:
         """Drop this process's ends of the worker's pipe and log."""
