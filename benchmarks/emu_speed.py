@@ -13,15 +13,12 @@ Run: .venv/bin/python benchmarks/emu_speed.py
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from emu_util import ARCHS, module, run
+from k2back.emu.testing import ARCHS, module, run
 
 MFMA = module("""
 define amdgpu_kernel void @mfma(ptr addrspace(1) %a, ptr addrspace(1) %out, i32 %blocks) #0 {

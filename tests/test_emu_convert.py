@@ -6,7 +6,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from emu_util import ARCHS, module, rng, run
+
+from k2back.emu.testing import ARCHS, module, rng, run
 
 # What "fp8"/"bf8" mean in each arch's convert instructions (SPEC §4).
 FORMATS = {

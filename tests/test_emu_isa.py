@@ -3,7 +3,8 @@ on hand-written kernels (the same asm syntax LLVM prints) against numpy."""
 
 import numpy as np
 import pytest
-from emu_util import ARCHS, run_handwritten
+
+from k2back.emu.testing import ARCHS, run_handwritten
 
 LANE = np.arange(64, dtype=np.uint32)
 STORE_OUT = """

@@ -6,7 +6,8 @@ Expected values come from lane maps written here from the ISA's descriptions
 
 import numpy as np
 import pytest
-from emu_util import ARCHS, module, run
+
+from k2back.emu.testing import ARCHS, module, run
 
 LANE = np.arange(64)
 SOURCE = LANE * 5 + 1  # every lane's value names its lane

@@ -3,9 +3,9 @@ check, kernarg packing, sub-dword accesses, atomics, and loud faults."""
 
 import numpy as np
 import pytest
-from emu_util import ARCHS, assemble, metadata, module, rng, run
 
 from k2back.emu import EmulatorError, Machine, MemoryFault, UnsupportedInstruction
+from k2back.emu.testing import ARCHS, assemble, metadata, module, rng, run
 from k2back.runtime.kernargs import LaunchDims, pack_kernargs
 
 DECLS = """

@@ -7,7 +7,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from emu_util import module, rng, run
+
+from k2back.emu.testing import module, rng, run
 
 LANES = 64
 

@@ -2,9 +2,9 @@
 
 import numpy as np
 import pytest
-from emu_util import ARCHS, module, rng, run
 
 from k2back.emu import Deadlock, Machine
+from k2back.emu.testing import ARCHS, module, rng, run
 
 DECLS = """
 declare i32 @llvm.amdgcn.workitem.id.x()

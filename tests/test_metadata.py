@@ -185,6 +185,19 @@ def test_descriptor_cross_check_catches_tampering(arch, offset, fmt, change, nam
         metadata.read(bytes(tampered), "mixed", kernel.asm)
 
 
+def test_code_length_cross_check(arch):
+    """The asm the emulator runs and the object we ship are two emissions: their
+    code must be as long as each other (an asm of another build fails by name)."""
+    kernel = build(MIXED, "mixed", arch)
+    counted = metadata.code_length(kernel.asm, "mixed")
+    assert counted > 0 and counted % 4 == 0
+    edited = kernel.asm.replace(f"codeLenInByte = {counted}", f"codeLenInByte = {counted + 8}")
+    with pytest.raises(MetadataError, match=f"{counted} bytes of code but its asm counts {counted + 8}"):
+        metadata.read(kernel.hsaco, "mixed", edited)
+    with pytest.raises(MetadataError, match="no `; codeLenInByte`"):
+        metadata.read(kernel.hsaco, "mixed", edited.replace("codeLenInByte", "codeLength"))
+
+
 def test_directives_cross_check(arch):
     kernel = build(MIXED, "mixed", arch)
     edited = kernel.asm.replace(".amdhsa_system_vgpr_workitem_id 1",

@@ -102,7 +102,11 @@ def optimize(ir: str, arch: str, features: str = "", level: int = 3) -> str:
 
 
 def emit_assembly(ir: str, arch: str, features: str = "") -> str:
-    return target_machine(arch, features).emit_assembly(parse(ir))
+    """Verbose asm: the printer's comments include each kernel's `codeLenInByte`,
+    which the build checks against the code object."""
+    machine = target_machine(arch, features)
+    machine.set_asm_verbosity(True)
+    return machine.emit_assembly(parse(ir))
 
 
 def emit_object(ir: str, arch: str, features: str = "") -> bytes:

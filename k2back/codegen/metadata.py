@@ -5,27 +5,25 @@ Three views of one kernel, written by different parts of LLVM; `read()` takes th
 note as the record, cross-checks the 64-byte kernel descriptor (`<name>.kd`, what
 the hardware's command processor actually reads) against it and against the
 directives, and fails loudly on any disagreement (AMDGPUUsage "Code Object V5
-Metadata", "Kernel Descriptor").
+Metadata", "Kernel Descriptor"). The asm the emulator runs and the object we ship
+come from two LLVM emissions: with the asm, `read()` also checks that the kernel's
+code in the object is as long as the asm printer counted (`codeLenInByte`).
 """
 
 from __future__ import annotations
 
 import io
 import math
-import re
 import struct
 from dataclasses import asdict, dataclass, field
 
 import msgpack
 from elftools.elf.elffile import ELFFile
 
+from k2back.amdhsa import MetadataError, code_length, parse_directives
 from k2back.codegen.llvm import TRIPLE, parse_arch
 
 NOTE_NAME, NT_AMDGPU_METADATA = "AMDGPU", 32
-
-
-class MetadataError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -94,31 +92,6 @@ _NOTE_KEYS = {
     "wavefront_size": ".wavefront_size",
     "uses_dynamic_stack": ".uses_dynamic_stack",
 }
-
-# ---------------------------------------------------------------------------
-# .amdhsa_* directives
-
-_KERNEL_BLOCK = re.compile(r"^\s*\.amdhsa_kernel\s+(\S+)\s*$(.*?)^\s*\.end_amdhsa_kernel",
-                           re.MULTILINE | re.DOTALL)
-_DIRECTIVE = re.compile(r"^\s*\.amdhsa_(\w+)\s+(-?(?:0x[0-9a-fA-F]+|\d+))\s*$", re.MULTILINE)
-
-
-def parse_directives(asm: str, kernel: str | None = None) -> dict[str, int]:
-    """The `.amdhsa_<name> <value>` lines of a kernel's `.amdhsa_kernel` block,
-    as {name: value} without the `.amdhsa_` prefix, e.g. {"next_free_vgpr": 24}.
-
-    These say which launch registers the kernel expects (user/system SGPRs,
-    workitem-id VGPRs): read them, never assume them. `kernel` may be omitted
-    when the asm holds exactly one kernel.
-    """
-    blocks = {m[1]: m[2] for m in _KERNEL_BLOCK.finditer(asm)}
-    if kernel is None and len(blocks) == 1:
-        kernel = next(iter(blocks))
-    if kernel not in blocks:
-        raise MetadataError(f"kernel: expected one of the asm's .amdhsa_kernel blocks "
-                            f"{sorted(blocks)}, got {kernel!r}")
-    return {name: int(value, 0) for name, value in _DIRECTIVE.findall(blocks[kernel])}
-
 
 # ---------------------------------------------------------------------------
 # Kernel descriptor (llvm/Support/AMDHSAKernelDescriptor.h)
@@ -237,9 +210,20 @@ def descriptor(hsaco: bytes, kernel: str) -> dict[str, int]:
     return words
 
 
+def check_code_length(hsaco: bytes, kernel: str, asm: str) -> None:
+    """The kernel's machine code in the object is as long as the asm's instructions."""
+    _, code = _symbol_bytes(ELFFile(io.BytesIO(hsaco)), kernel)
+    counted = code_length(asm, kernel)
+    if len(code) != counted:
+        raise MetadataError(f"kernel {kernel!r}: the code object holds {len(code)} bytes of code "
+                            f"but its asm counts {counted} (codeLenInByte): the asm the emulator "
+                            "runs is not the code we ship")
+
+
 def read(hsaco: bytes, kernel: str, asm: str | None = None) -> KernelMetadata:
     """KernelMetadata of `kernel` in a code object, cross-checked (see module doc).
-    With `asm`, its `.amdhsa_*` directives are attached and checked too."""
+    With `asm`, its `.amdhsa_*` directives are attached and checked too, and its
+    code length."""
     note = _note(ELFFile(io.BytesIO(hsaco)))
     entries = {k[".name"]: k for k in note.get("amdhsa.kernels", ())}
     if kernel not in entries:
@@ -249,6 +233,8 @@ def read(hsaco: bytes, kernel: str, asm: str | None = None) -> KernelMetadata:
     directives = parse_directives(asm, kernel) if asm is not None else {}
     meta = KernelMetadata.from_note(entries[kernel], target, directives)
     check_descriptor(descriptor(hsaco, kernel), meta)
+    if asm is not None:
+        check_code_length(hsaco, kernel, asm)
     return meta
 
 

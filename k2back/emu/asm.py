@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from k2back.codegen.metadata import MetadataError, parse_directives
+from k2back.amdhsa import MetadataError, parse_directives
 
 from .errors import AsmError
 

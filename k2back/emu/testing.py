@@ -1,4 +1,8 @@
-"""Compile small LLVM IR kernels for both archs and run them in the emulator."""
+"""Compile small LLVM IR kernels for both archs and run them in the emulator:
+the helpers of the emulator's unit tests, its benchmark and `k2back selftest`.
+
+Unlike the rest of `k2back.emu` this module needs LLVM (llvmlite) to compile IR;
+`import k2back.emu` does not import it."""
 
 from __future__ import annotations
 
