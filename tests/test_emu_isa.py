@@ -122,7 +122,7 @@ def test_lds_widths_pairs_and_sub_dword_forms(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_mfma_accumulating_in_agprs(arch):
     # a0..a3 live after the VGPRs (.amdhsa_accum_offset 32): written, accumulated
-    # into twice by MFMA, read back.
+    # into twice by MFMA, read back (s_nops: the wait states the ISA requires).
     body = f"""
 \tv_accvgpr_write_b32 a0, 1.0
 \tv_accvgpr_write_b32 a1, 0
@@ -131,6 +131,7 @@ def test_mfma_accumulating_in_agprs(arch):
 \tv_accvgpr_mov_b32 a3, a2
 \tv_mov_b32_e32 v2, 0x3f803f80
 \tv_mov_b32_e32 v3, 0x40003f80
+\ts_nop 1
 \tv_mfma_f32_16x16x16_bf16 a[0:3], v[2:3], v[2:3], a[0:3]
 \tv_mfma_f32_16x16x16_bf16 a[0:3], v[2:3], v[2:3], a[0:3]
 \ts_nop 7
@@ -175,7 +176,8 @@ def test_global_d16_hi_loads_and_stores(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_clocks_and_pc_are_deterministic(arch):
     # s_memtime / s_memrealtime count executed wave-instructions; s_getpc_b64 gives
-    # the (stand-in) address of the next instruction.
+    # the (stand-in) address of the next instruction. (s_nop 1 after the 16-byte
+    # store: its data registers may not be rewritten sooner.)
     body = f"""{STORE_OUT}
 \ts_memtime s[4:5]
 \ts_nop 0
@@ -189,6 +191,7 @@ def test_clocks_and_pc_are_deterministic(arch):
 \tv_mov_b32_e32 v4, s6
 \tv_mov_b32_e32 v5, s7
 \tglobal_store_dwordx4 v1, v[2:5], s[2:3]
+\ts_nop 1
 \tv_mov_b32_e32 v2, s8
 \tv_mov_b32_e32 v3, s9
 \tv_mov_b32_e32 v4, s10
@@ -206,11 +209,13 @@ def test_clocks_and_pc_are_deterministic(arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_float_modifiers_on_bitwise_operands(arch):
     # LLVM folds fneg/fabs into v_cndmask_b32: the modifiers act on the sign bit.
+    # (s_nop 1: gfx94x/95x do not interlock a VALU's VCC write with its next read.)
     body = f"""{STORE_OUT}
 \tv_cvt_f32_i32_e32 v1, v0
 \tv_sub_f32_e32 v2, 0.5, v1
 \tv_and_b32_e32 v3, 1, v0
 \tv_cmp_eq_u32_e32 vcc, 0, v3
+\ts_nop 1
 \tv_cndmask_b32_e64 v4, -v1, |v2|, vcc
 \tv_cndmask_b32_e64 v5, -|v2|, 0, vcc
 \tv_lshlrev_b32_e32 v6, 3, v0

@@ -22,16 +22,26 @@ Faithful where our kernels depend on it, loud elsewhere: an instruction, operand
 form or modifier not modelled raises `UnsupportedInstruction` naming it and its
 asm line when it executes; unmapped, out-of-range or misaligned accesses raise
 `MemoryFault` with the address, wave and line; a launch without progress raises
-`Deadlock` listing the waiting waves and where they wait.
+`Deadlock` listing the waiting waves and where they wait; too few wait states
+between a producer and a consumer the hardware does not interlock raise
+`HazardError` naming the rule and both lines (`hazards`).
 """
 
-from .errors import AsmError, Deadlock, EmulatorError, MemoryFault, UnsupportedInstruction
+from .errors import (
+           AsmError,
+           Deadlock,
+           EmulatorError,
+           HazardError,
+           MemoryFault,
+           UnsupportedInstruction,
+)
 from .machine import Machine, Stats
 
 __all__ = [
            "AsmError",
            "Deadlock",
            "EmulatorError",
+           "HazardError",
            "Machine",
            "MemoryFault",
            "Stats",

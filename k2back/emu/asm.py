@@ -18,6 +18,7 @@ FLAG_MODIFIERS = frozenset(
     ["sc0", "sc1", "nt", "glc", "slc", "dlc", "offen", "idxen", "lds", "gds", "clamp", "row_mirror", "row_half_mirror", "addr64", "tfe", "lwe", "d16"]
 )
 _LABEL = re.compile(r"^([.\w$]+):")
+_TARGET = re.compile(r'^\s*\.amdgcn_target\s+"amdgcn-amd-amdhsa--([^"]*)"', re.MULTILINE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Kernel:
     instructions: tuple[Instruction, ...]
     labels: dict  # label -> index of the instruction that follows it
     directives: dict  # 'next_free_vgpr' (.amdhsa_ prefix dropped) -> int
+    target: str = ""  # the .amdgcn_target ID, e.g. "gfx942:xnack-" ("" when absent)
 
     def directive(self, name: str, default: int | None = None) -> int:
         value = self.directives.get(name, default)
@@ -112,4 +114,5 @@ def parse_kernel(asm: str, name: str) -> Kernel:
         directives = parse_directives(asm, name)
     except MetadataError as error:
         raise AsmError(f"kernel_name: {error}") from None
-    return Kernel(name, tuple(instructions), labels, directives)
+    target = _TARGET.search(asm)
+    return Kernel(name, tuple(instructions), labels, directives, target[1] if target else "")

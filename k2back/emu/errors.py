@@ -19,3 +19,8 @@ class MemoryFault(EmulatorError):
 
 class Deadlock(EmulatorError):
     """The launch made no progress for a long stretch; names the waiting waves."""
+
+
+class HazardError(EmulatorError):
+    """Too few wait states between a producer and a consumer the hardware does not
+    interlock (`k2back.emu.hazards`): names the rule and both asm lines."""

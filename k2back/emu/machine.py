@@ -34,6 +34,7 @@ import dataclasses
 import numpy as np
 
 from . import asm as asm_text
+from . import hazards
 from .errors import Deadlock, EmulatorError, UnsupportedInstruction
 from .matrix import decode_mfma
 from .memops import decode_buffer, decode_ds, decode_global, decode_smem
@@ -203,6 +204,7 @@ class Machine:
             region.read = region.written = 0
         ctx = DecodeContext(self, kernel, setup.accum_offset, stats)
         code, classes = self._decode(kernel, ctx)
+        code = hazards.instrument(kernel, code, self.arch, setup.accum_offset)
         launch_buffers = [self.memory.map(array, name) for name, array in setup.launch_buffers.items()]
         try:
             groups = setup.workgroups(*launch_buffers, _order(order, grid))
