@@ -35,6 +35,7 @@ import numpy as np
 
 from . import asm as asm_text
 from . import hazards
+from . import numerics as nx
 from .errors import Deadlock, EmulatorError, UnsupportedInstruction
 from .matrix import decode_mfma
 from .memops import decode_buffer, decode_ds, decode_global, decode_smem
@@ -158,13 +159,20 @@ class Machine:
 
     def __init__(self, arch: str, *, quantum: int = 256, stall_rounds: int = 2000,
                  max_wave_instructions: int = 100_000_000, store_visibility: str = "waitcnt",
-                 trace=None):
+                 trace=None, mfma_accumulate: str = "exact", transcendental_error_seed=None,
+                 fnuz_negative_zero: int = 0x00):
         """`store_visibility`: "waitcnt" (a global store becomes visible to other
         waves when the storing wave's s_waitcnt vmcnt(N) or s_endpgm retires it: a
         kernel that publishes a flag without waiting for its data stores then reads
         stale data, as it may on the GPU) or "immediate" (visible at once).
         `trace(wave, instruction)`, if given, is called after every executed
-        instruction (a debugging aid: it makes the launch several times slower)."""
+        instruction (a debugging aid: it makes the launch several times slower).
+        `mfma_accumulate`, `transcendental_error_seed`, `fnuz_negative_zero`: the
+        results it picks where the hardware leaves room (`numerics.Options`)."""
+        try:
+            self.numerics = nx.Options(mfma_accumulate, transcendental_error_seed, fnuz_negative_zero)
+        except ValueError as error:
+            raise EmulatorError(str(error)) from None
         if store_visibility not in STORE_VISIBILITY:
             raise EmulatorError(f"store_visibility: expected one of {STORE_VISIBILITY}, "
                                 f"got {store_visibility!r}")

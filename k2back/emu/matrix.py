@@ -51,6 +51,7 @@ def decode_mfma(ins, ctx):
         extra = {"scale_a_byte": op_sel[0] + 2 * op_sel_hi[0],
                  "scale_b_byte": op_sel[1] + 2 * op_sel_hi[1]}
     na, nb, nc = counts[0], counts[1], form.c_regs
+    extra["accumulate"] = ctx.machine.numerics.mfma_accumulate
 
     def run(w):
         if not w.full:

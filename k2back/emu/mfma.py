@@ -28,9 +28,10 @@ the byte select of A as op_sel[0] + 2·op_sel_hi[0], of B as op_sel[1] +
 2·op_sel_hi[1]. cbsz (A) and blgp (B) select the element format: 0 fp8 e4m3,
 1 bf8 e5m2, 2 fp6 e2m3, 3 bf6 e3m2, 4 fp4 e2m1 (8, 8, 6, 6, 4 registers).
 
-Arithmetic: element products are exact, summed over k in float64 (numpy matmul),
-C added, and the sum rounded to f32 once. Real MFMA hardware accumulates in its
-own order and precision, so results may differ from it in the last bits. On the
+Arithmetic: element products are exact; how they are summed with C is the
+`accumulate` argument (`k2back.emu.accumulate`): by default summed exactly and
+rounded to f32 once. Real MFMA hardware accumulates in its own order and
+precision, so results may differ from every model in the last bits. On the
 non-scaled forms with a fixed element type, cbsz/abid/blgp (broadcast controls of
 multi-block forms) must be 0: anything else raises.
 """
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from k2back.emu import numerics as nx
+from k2back.emu.accumulate import accumulate as accumulate_products
 
 WAVE = 64
 
@@ -53,11 +55,13 @@ WAVE = 64
 
 @dataclass(frozen=True)
 class Element:
-    """A matrix element type: its width in bits and how bit patterns decode to f32."""
+    """A matrix element type: its width in bits, how bit patterns decode to f32,
+    and its smallest normal exponent (where subnormals sit, for `accumulate`)."""
 
     name: str
     bits: int
     decode: Callable[[np.ndarray], np.ndarray]
+    min_exponent: int
 
     def unpack(self, regs: np.ndarray) -> np.ndarray:
         """uint32 [lanes, n] registers -> f32 [lanes, 32n / bits] elements, in slot order."""
@@ -72,11 +76,11 @@ class Element:
 
 
 def _minifloat(fmt: nx.MiniFloat) -> Element:
-    return Element(fmt.name, fmt.bits, lambda codes: nx.decode(fmt, codes))
+    return Element(fmt.name, fmt.bits, lambda codes: nx.decode(fmt, codes), 1 - fmt.bias)
 
 
-BF16 = Element("bf16", 16, nx.bf16_to_f32)
-F16 = Element("f16", 16, nx.f16_to_f32)
+BF16 = Element("bf16", 16, nx.bf16_to_f32, -126)
+F16 = Element("f16", 16, nx.f16_to_f32, -14)
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,11 @@ def _accumulator_gather(m: int) -> tuple[np.ndarray, np.ndarray]:
 def _check_regs(name: str, regs: np.ndarray, count: int) -> None:
     if regs.shape != (WAVE, count):
         raise ValueError(f"{name}: expected registers of shape ({WAVE}, {count}), got {regs.shape}")
+
+
+def _exponent_of(factors: np.ndarray) -> np.ndarray:
+    """log2 of power-of-two scale factors (0 where a scale is NaN)."""
+    return np.where(np.isnan(factors), 0, np.log2(np.where(np.isnan(factors), 1, factors))).astype(np.int64)
 
 
 def _e8m0_factor(scale: np.ndarray, byte: int) -> np.ndarray:
@@ -226,21 +235,27 @@ class MfmaForm:
         scale_b: np.ndarray | None = None,
         scale_a_byte: int = 0,
         scale_b_byte: int = 0,
+        accumulate: str = "exact",
     ) -> np.ndarray:
+        """`accumulate`: how the products are summed (`k2back.emu.accumulate.MODES`)."""
         if abid:
             raise ValueError(f"{self.mnemonic}: expected abid 0, got {abid}")
-        a_matrix = self._placement("a", cbsz).matrix(a)
-        b_matrix = self._placement("b", blgp).matrix(b)
+        a_place, b_place = self._placement("a", cbsz), self._placement("b", blgp)
+        a_matrix, b_matrix = a_place.matrix(a), b_place.matrix(b)
+        a_min, b_min = a_place.element.min_exponent, b_place.element.min_exponent
         _check_regs("c", c, self.c_regs)
         if self.scaled:
-            a_matrix = a_matrix * self._block_scales(scale_a, scale_a_byte)
-            b_matrix = b_matrix * self._block_scales(scale_b, scale_b_byte)
+            a_scales = self._block_scales(scale_a, scale_a_byte)
+            b_scales = self._block_scales(scale_b, scale_b_byte)
+            a_matrix, b_matrix = a_matrix * a_scales, b_matrix * b_scales
+            a_min, b_min = a_min + _exponent_of(a_scales), b_min + _exponent_of(b_scales)
         elif scale_a is not None or scale_b is not None:
             raise ValueError(f"{self.mnemonic}: takes no scale operands")
         to_matrix, to_lanes = _accumulator_gather(self.m)
-        d = a_matrix @ b_matrix.T
-        d += np.asarray(c, dtype=np.float32).reshape(-1)[to_matrix]
-        return d.reshape(-1)[to_lanes].astype(np.float32)
+        c_matrix = np.asarray(c, dtype=np.float32).reshape(-1)[to_matrix]
+        eight_bit = max(a_place.element.bits, b_place.element.bits) <= 8
+        d = accumulate_products(accumulate, a_matrix, b_matrix, c_matrix, a_min, b_min, eight_bit)
+        return d.reshape(-1)[to_lanes]
 
 
 # mnemonic, M, K, A element, B element ('f8f6f4': by cbsz/blgp), scaled, archs

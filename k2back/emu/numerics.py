@@ -40,7 +40,9 @@ Facts modelled, and where they come from:
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -79,6 +81,7 @@ class MiniFloat:
     mantissa_bits: int
     bias: int
     specials: Specials
+    negative_zero: int = 0  # FNUZ only: the code a negative value rounding to zero gets
     values: np.ndarray = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -172,8 +175,8 @@ def _round_to_codes(fmt: MiniFloat, bits: np.ndarray) -> np.ndarray:
     quiet_nan = overflow + 2 if fmt.specials is Specials.IEEE else overflow
     code = np.where(magnitude > np.uint32(0x7F800000), quiet_nan, code)
     signed = np.where(bits >> np.uint32(31), code | fmt.sign_bit, code)
-    if fmt.specials is Specials.FNUZ:
-        signed = np.where(code == 0, 0, signed)  # no negative zero
+    if fmt.specials is Specials.FNUZ:  # no negative zero: 0x00, or 0x80 (NaN) if so asked
+        signed = np.where(code == 0, np.where(bits >> np.uint32(31), fmt.negative_zero, 0), signed)
     return signed.astype(np.uint8)
 
 
@@ -199,12 +202,14 @@ class _Encoder:
         return self.table[((bits >> np.uint32(self.shift)) << np.uint32(1)) | low_set]
 
 
-_ENCODERS = {fmt: _Encoder.of(fmt) for fmt in FP8_FORMATS.values()}
+@functools.cache
+def _encoder(fmt: MiniFloat) -> _Encoder:
+    return _Encoder.of(fmt)
 
 
 def encode(fmt: MiniFloat, x: np.ndarray) -> np.ndarray:
     """Round f32 values to `fmt` codes (uint8) as the hardware converts do."""
-    return _ENCODERS[fmt](x)
+    return _encoder(fmt)(x)
 
 
 def decode(fmt: MiniFloat, codes: np.ndarray) -> np.ndarray:
@@ -442,3 +447,64 @@ TRANSCENDENTALS: dict[str, Transcendental] = {
     for op, fn in _FUNCTIONS.items()
     for suffix, dtype in (("f32", np.float32), ("f16", np.float16))
 }
+
+
+# --------------------------------------------------------------------------- options
+
+
+def one_ulp_off(x: np.ndarray, y: np.ndarray, seed: int) -> np.ndarray:
+    """`y` (results of an operation on `x`) moved one ulp up or down, the direction
+    a hash of `x`'s bits and `seed`: the same input always errs the same way, as
+    hardware does. Zeros, infinities and NaNs stay."""
+    bits = np.asarray(x).view(f"u{np.asarray(x).dtype.itemsize}").astype(np.uint32)
+    h = bits ^ np.uint32((seed * 0x85EBCA77) & 0xFFFFFFFF)
+    for multiplier in (0x7FEB352D, 0x846CA68B):
+        h = (h ^ (h >> np.uint32(16))) * np.uint32(multiplier)
+    up = (h >> np.uint32(31)).astype(bool)
+    moved = np.nextafter(y, np.where(up, np.inf, -np.inf).astype(y.dtype))
+    return np.where(np.isfinite(y) & (y != 0), moved, y)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Where the hardware leaves a choice of results, the emulator takes one
+    (`Machine(arch, mfma_accumulate=..., transcendental_error_seed=...,
+    fnuz_negative_zero=...)`); each choice is one the ISA allows or our sources
+    could not rule out, and a kernel must be right under all of them.
+
+    mfma_accumulate: how MFMA sums its products (`accumulate.MODES`).
+    transcendental_error_seed: None = transcendentals correctly rounded; a seed =
+        every finite non-zero result one ulp off (the ISA promises 1 ulp), up or
+        down by a hash of the input and the seed.
+    fnuz_negative_zero: the code gfx942's FNUZ encoders give a negative value
+        that rounds to zero: 0x00, or 0x80 (which FNUZ reads as NaN). Unverified on
+        hardware, so both are modelled.
+    """
+
+    mfma_accumulate: str = "exact"
+    transcendental_error_seed: int | None = None
+    fnuz_negative_zero: int = 0x00
+
+    def __post_init__(self):
+        from k2back.emu.accumulate import MODES
+
+        if self.mfma_accumulate not in MODES:
+            raise ValueError(f"mfma_accumulate: expected one of {MODES}, got {self.mfma_accumulate!r}")
+        seed = self.transcendental_error_seed
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+            raise ValueError(f"transcendental_error_seed: expected None or an int >= 0, got {seed!r}")
+        if self.fnuz_negative_zero not in (0x00, 0x80):
+            raise ValueError(f"fnuz_negative_zero: expected 0x00 or 0x80, got {self.fnuz_negative_zero!r}")
+
+    def encoder_format(self, fmt: MiniFloat) -> MiniFloat:
+        """`fmt` as the encoders of this machine round (FNUZ negative zeros)."""
+        if fmt.specials is Specials.FNUZ and self.fnuz_negative_zero:
+            return dataclasses.replace(fmt, negative_zero=self.fnuz_negative_zero)
+        return fmt
+
+    def transcendental(self, fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+        """`fn` (a v_exp/log/rcp/rsq/sqrt model) with this machine's error."""
+        seed = self.transcendental_error_seed
+        if seed is None:
+            return fn
+        return lambda x: one_ulp_off(x, fn(x), seed)

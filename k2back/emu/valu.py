@@ -16,6 +16,8 @@ from .valu_ops import PRESERVES_HIGH16, TIED, fma16, fma32, lanes, minmax, op_sp
 
 U32, F32 = np.uint32, np.float32
 LANE = np.arange(LANES)
+# ops the ISA promises to 1 ulp (Machine(transcendental_error_seed=) errs by that)
+TRANSCENDENTAL = {*nx.TRANSCENDENTALS, "v_rcp_iflag_f32"}
 
 
 # ---------------------------------------------------------------- DPP lane maps
@@ -119,6 +121,8 @@ def decode_valu(ins, ctx):
         preserve = base in PRESERVES_HIGH16
         writes = [_typed_writer(op, t, where, op_sel[len(src_types)], preserve)
                   for op, t in zip(dst_ops, dst_types)]
+    if base in TRANSCENDENTAL:
+        fn = ctx.machine.numerics.transcendental(fn)
     if ins.modifiers.get("clamp"):
         if dst_types[0] not in ("f32", "f16", "f64"):
             raise UnsupportedInstruction(f"integer clamp on {ins.mnemonic} ({where})")
@@ -369,7 +373,7 @@ def _fp8_convert(ins, ctx, base):
     """v_cvt_[pk_]f32_{fp8,bf8}, v_cvt_pk_{fp8,bf8}_f32 and the gfx950 scalef32 forms."""
     parts = base.split("_")
     kind = next(p for p in parts if p in ("fp8", "bf8"))
-    fmt = nx.fp8_format(ctx.arch, kind)
+    fmt = ctx.machine.numerics.encoder_format(nx.fp8_format(ctx.arch, kind))
     where = ins.where()
     if ins.modifiers.get("clamp"):
         raise UnsupportedInstruction(f"clamp on {ins.mnemonic}: fp8 saturation not modelled ({where})")

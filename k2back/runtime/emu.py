@@ -13,7 +13,13 @@ from k2back.runtime import launch
 
 
 class EmuBackend:
+    """`machine_options`: keywords of `k2back.emu.Machine` (store visibility, the
+    numerics options, ...) for every launch of this backend."""
+
     name = "emu"
+
+    def __init__(self, **machine_options):
+        self.machine_options = machine_options
 
     def new_scratch(self, spec, device: torch.device) -> torch.Tensor:
         return launch.new_scratch(spec, device)
@@ -22,7 +28,7 @@ class EmuBackend:
             qk_scale: float | None = None):
         """Launch once; returns the emulator's counters. The scratch keeps its
         epoch state across calls: it is mapped, never cleared."""
-        machine = Machine(kernel.arch)
+        machine = Machine(kernel.arch, **self.machine_options)
 
         def address_of(tensor: torch.Tensor, name: str) -> int:
             # the whole storage, so strided views (padded pages) map as they lie in memory
