@@ -8,12 +8,17 @@ weights. The full model is generated first and then sliced per rank
 `out`s sum to the TP = 1 `out`.
 
 `compare(name, got, want)` is the one acceptance check kernel tests use; its
-tolerances (`TOLERANCES`) are derived in the docstring there.
+tolerances (`TOLERANCES`) are derived in the docstring there. `margin` says how
+much of a tolerance a result used.
+
+The K2 kernel's own checks (kernel tests, `k2back selftest`) share `build`,
+`run_kernel`, `check` and the scratch-region views at the end of this module.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
@@ -550,6 +555,15 @@ def compare(name: str, got, want, tolerances: dict[str, Tolerance] = TOLERANCES)
 SHARE_OF = {"beyond_step": "elements", "code_flips": "blocks"}
 
 
+def margin(name: str, metrics: dict, tolerances: dict[str, Tolerance] = TOLERANCES) -> tuple[float, str]:
+    """(the largest share of its bound any metric of `compare(name, ...)`'s result
+    used, that metric): 1.0 is the edge of the tolerance."""
+    tol = tolerances[name]
+    shares = [(metrics[k] / bound, k) for k in metrics
+              if (bound := _bound(tol, k, metrics)) is not None and bound > 0]
+    return max(shares, default=(0.0, ""))
+
+
 def _bound(tol: Tolerance, metric: str, metrics: dict) -> float | None:
     bound = getattr(tol, metric, None)
     if bound is None or metric not in SHARE_OF:
@@ -563,6 +577,75 @@ def _tensors(x) -> tuple:
 
 def _fmt(metrics: dict) -> str:
     return ", ".join(f"{k}={v:.3g}" for k, v in metrics.items())
+
+
+# --- running the K2 kernel and checking it ----------------------------------------
+
+GEMV_STAGES = ("wo_a", "wo_b")
+CHECKED = ("xo", "x8b", "out")  # what a launch is checked on: both hand-offs and out
+
+
+@functools.cache
+def build(geometry_name: str, tp: int, tokens: int, ratio: int, arch: str, stages=None):
+    """(spec, compiled kernel) of a configuration; `stages` a subset of the four."""
+    from k2back.codegen.compiler import compile as compile_source
+    from k2back.codegen.plan import plan
+    from k2back.codegen.render import KernelSource
+
+    spec = plan(geometry_name, tp, tokens, ratio, arch)
+    return spec, compile_source(KernelSource(spec, stages))
+
+
+def region(spec, scratch: torch.Tensor, name: str, dtype=torch.uint8) -> torch.Tensor:
+    """A scratch region as a flat tensor of `dtype` (a view: writes land in scratch)."""
+    r = spec.region(name)
+    return scratch[r.offset:r.offset + r.bytes].view(dtype)
+
+
+def run_kernel(spec, kernel, inputs: dict, scratch: torch.Tensor, backend=None):
+    """One launch on `backend` (the emulator unless given), on scratch's device;
+    returns (out on the CPU, the backend's stats)."""
+    from k2back.runtime.emu import EmuBackend
+
+    backend = EmuBackend() if backend is None else backend
+    device = scratch.device
+    tensors = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+    out = torch.full((spec.tokens, spec.hidden), float("nan"), dtype=torch.bfloat16, device=device)
+    stats = backend.run(kernel, spec, {**tensors, "out": out}, scratch, qk_scale=inputs["qk_scale"])
+    return out.cpu(), stats
+
+
+def mxfp8_of(spec, scratch: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bytes, codes) of an MXFP8 hand-off region ("xo" or "x8b"), [S, ...] each."""
+    return tuple(region(spec, scratch, r).reshape(spec.tokens, -1).to("cpu", copy=True)
+                 for r in (name, f"{name}_codes"))
+
+
+def check(spec, scratch: torch.Tensor, out: torch.Tensor, want: dict, names=CHECKED) -> dict[str, dict]:
+    """`compare` of each of `names` (out, and the MXFP8 hand-offs from scratch)
+    against the reference's intermediates `want`; returns their metrics."""
+    metrics = {}
+    for name in names:
+        if name == "out":
+            metrics[name] = compare(name, out, want[name])
+        else:
+            metrics[name] = compare(name, mxfp8_of(spec, scratch, name), (want[name], want[f"{name}_codes"]))
+    return metrics
+
+
+def gemv_launch(spec, kernel, inputs: dict, want: dict, scratch: torch.Tensor, epoch: int, backend=None):
+    """A GEMV-stages kernel, standing in for the attention stages: XO and its codes
+    from the reference, the epoch word, every combine flag holding this launch's tag."""
+    region(spec, scratch, "xo")[:] = want["xo"].reshape(-1)
+    region(spec, scratch, "xo_codes")[:] = want["xo_codes"].reshape(-1)
+    region(spec, scratch, "epoch", torch.int32)[0] = epoch
+    region(spec, scratch, "combine_flags", torch.int32)[:] = epoch + 1
+    return run_kernel(spec, kernel, inputs, scratch, backend)
+
+
+def asm_lines(kernel) -> list[str]:
+    """The instruction lines of a kernel's asm, stripped."""
+    return [ln.strip() for ln in kernel.asm.splitlines() if ln.startswith("\t") and not ln.startswith("\t.")]
 
 
 # --- calibration ---------------------------------------------------------------

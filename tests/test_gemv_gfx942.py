@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_kernel import GEMV, asm_lines, build, check, gemv_launch, region
 
 from k2back.reference import attention_back
 from k2back.runtime import launch
-from k2back.testing import make_inputs
+from k2back.testing import GEMV_STAGES as GEMV
+from k2back.testing import asm_lines, build, check, gemv_launch, make_inputs, region
 
 NAN_BYTES = (0x7F, 0xFF)  # e4m3fn's NaNs: weights never hold them
 

@@ -28,54 +28,25 @@ from k2back.codegen.targets import ARCHS
 from k2back.emu import Machine
 from k2back.reference import attention_back
 from k2back.runtime import hip, launch
-from k2back.runtime.emu import EmuBackend
 from k2back.runtime.hip import runtime_status
-from k2back.testing import compare, make_inputs
+from k2back.testing import (
+    GEMV_STAGES,
+    asm_lines,
+    build,
+    check,
+    gemv_launch,
+    make_inputs,
+    region,
+    run_kernel,
+)
 
-GEMV = ("wo_a", "wo_b")
-
-
-@functools.cache
-def build(geometry: str, tp: int, tokens: int, ratio: int, arch: str, stages=None):
-    spec = plan(geometry, tp, tokens, ratio, arch)
-    return spec, compile_source(KernelSource(spec, stages))
+GEMV = GEMV_STAGES
 
 
 @functools.cache
 def reference(geometry: str, tp: int, tokens: int, ratio: int, seed: int, chunk_keys: int):
     inputs = make_inputs(geometry, tp, tokens, ratio, seed)
     return inputs, attention_back(**inputs, chunk_keys=chunk_keys, intermediates=True)
-
-
-def region(spec, scratch: torch.Tensor, name: str, dtype=torch.uint8) -> torch.Tensor:
-    """A scratch region as a flat tensor of `dtype` (a view: writes land in scratch)."""
-    r = spec.region(name)
-    return scratch[r.offset:r.offset + r.bytes].view(dtype)
-
-
-def run(spec, kernel, inputs: dict, scratch: torch.Tensor, backend=None):
-    """One launch on `backend` (the emulator unless given), on scratch's device."""
-    backend = EmuBackend() if backend is None else backend
-    device = scratch.device
-    tensors = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
-    out = torch.full((spec.tokens, spec.hidden), float("nan"), dtype=torch.bfloat16, device=device)
-    stats = backend.run(kernel, spec, {**tensors, "out": out}, scratch,
-                        qk_scale=inputs["qk_scale"])
-    return out.cpu(), stats
-
-
-def mxfp8_of(spec, scratch, name):
-    """(bytes, codes) of an MXFP8 hand-off region ("xo" or "x8b"), [S, ...] each."""
-    return tuple(region(spec, scratch, r).reshape(spec.tokens, -1).to("cpu", copy=True)
-                 for r in (name, f"{name}_codes"))
-
-
-def check(spec, scratch, out, want, names=("xo", "x8b", "out")):
-    for name in names:
-        if name == "out":
-            compare(name, out, want[name])
-        else:
-            compare(name, mxfp8_of(spec, scratch, name), (want[name], want[f"{name}_codes"]))
 
 
 # --------------------------------------------------------------------------- whole kernel
@@ -86,7 +57,7 @@ def launch_and_check(geometry, tp, tokens, ratio, arch, inputs, scratch=None, ba
     want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
     device = "cpu" if backend is None else "cuda"
     scratch = launch.new_scratch(spec, device) if scratch is None else scratch
-    out, stats = run(spec, kernel, inputs, scratch, backend)
+    out, stats = run_kernel(spec, kernel, inputs, scratch, backend)
     check(spec, scratch, out, want)
     return stats
 
@@ -220,16 +191,6 @@ def test_consecutive_launches_share_scratch(arch):
 # --------------------------------------------------------------------------- GEMV half
 
 
-def gemv_launch(spec, kernel, inputs, want, scratch, epoch: int):
-    """Stand in for the attention stages: XO and its codes from the reference,
-    the epoch word, and every combine flag holding this launch's tag."""
-    region(spec, scratch, "xo")[:] = want["xo"].reshape(-1)
-    region(spec, scratch, "xo_codes")[:] = want["xo_codes"].reshape(-1)
-    region(spec, scratch, "epoch", torch.int32)[0] = epoch
-    region(spec, scratch, "combine_flags", torch.int32)[:] = epoch + 1
-    return run(spec, kernel, inputs, scratch)
-
-
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("tp", (1, 2, 4, 8))
 @pytest.mark.parametrize("tokens", (1, 3, 17))
@@ -274,14 +235,10 @@ def test_gemv_waits_for_its_flags():
     region(spec, scratch, "epoch", torch.int32)[0] = 5
     region(spec, scratch, "combine_flags", torch.int32)[:] = 5  # stale
     with pytest.raises(Exception, match="(?i)deadlock|progress"):
-        run(spec, kernel, inputs, scratch)
+        run_kernel(spec, kernel, inputs, scratch)
 
 
 # --------------------------------------------------------------------------- requirements
-
-
-def asm_lines(kernel) -> list[str]:
-    return [ln.strip() for ln in kernel.asm.splitlines() if ln.startswith("\t") and not ln.startswith("\t.")]
 
 
 def first(lines, pattern) -> int:
