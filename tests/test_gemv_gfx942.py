@@ -17,6 +17,7 @@ import torch
 
 from k2back.reference import attention_back
 from k2back.runtime import launch
+from k2back.runtime.emu import EmuBackend
 from k2back.testing import GEMV_STAGES as GEMV
 from k2back.testing import asm_lines, build, check, gemv_launch, make_inputs, region
 
@@ -58,5 +59,33 @@ def test_gemv_wide_bytes_and_block_codes(arch, tokens):
     out, _ = gemv_launch(spec, kernel, inputs, want, scratch, epoch=0)
     check(spec, scratch, out, want, ("x8b", "out"))
     if arch == "gfx942":
-        # wo_b reads X8B without clearing 0x80 bytes: the FNUZ encoder must never write one
+        # wo_b reads X8B without clearing 0x80 bytes: wo_a must never store one
         assert not (region(spec, scratch, "x8b") == 0x80).any()
+
+
+def tiny_rows(inputs: dict, every: int = 4) -> dict:
+    """wo_a rows r % every == 1 keep one weight of +-2^-9 (units of their block
+    scale): their Z values sit far below their 32-row block's amax, so MXFP8
+    rounds them to zero, half of them negative."""
+    weights = inputs["wo_a"].view(torch.uint8).clone()
+    rows = torch.arange(1, weights.shape[0], every)
+    weights[rows] = 0
+    weights[rows, 5] = torch.where(rows % 8 == 1, 0x01, 0x81).to(torch.uint8)
+    return {"wo_a": weights.view(inputs["wo_a"].dtype)}
+
+
+@pytest.mark.parametrize("negative_zero", [0x00, 0x80])
+def test_gemv_z_rounding_to_negative_zero(negative_zero):
+    """Whether gfx942's FNUZ encoder writes 0x00 or 0x80 (FNUZ NaN) for a negative
+    value that rounds to zero is unverified: under both, X8B holds no 0x80 (wo_a
+    clears it before storing) and out is right."""
+    spec, kernel = build("tiny", 2, 3, 2, "gfx942", GEMV)
+    inputs = make_inputs("tiny", 2, 3, 2, seed=4)
+    inputs.update(tiny_rows(inputs))
+    want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
+    assert (want["x8b"].view(torch.uint8) == 0x80).sum() > 50  # the reference's OCP -0: many
+    scratch = launch.new_scratch(spec, "cpu")
+    out, _ = gemv_launch(spec, kernel, inputs, want, scratch, epoch=0,
+                         backend=EmuBackend(fnuz_negative_zero=negative_zero))
+    check(spec, scratch, out, want, ("x8b", "out"))
+    assert not (region(spec, scratch, "x8b") == 0x80).any()
