@@ -526,18 +526,9 @@ def compare(name: str, got, want, tolerances: dict[str, Tolerance] = TOLERANCES)
     "x8b") are (bytes, codes) pairs, compared as dequantized values (rel_l2,
     share of elements more than one fp8 step apart, code flips), never bit for
     bit: a kernel's fp32 order may flip a rounding that then propagates."""
-    if name not in METRICS or name not in tolerances:
+    if name not in tolerances:
         raise KeyError(f"compare: no tolerance for {name!r}; known: {sorted(tolerances)}")
-    if name in FP8_PAIRS and not all(len(_tensors(x)) == 2 for x in (got, want)):
-        raise TypeError(f"compare({name!r}): expected (bytes, codes) pairs for got and want "
-                        f"(an fp8 result is compared as values), got {type(got).__name__} "
-                        f"and {type(want).__name__}")
-    shapes = [tuple(t.shape) for t in _tensors(got)], [tuple(t.shape) for t in _tensors(want)]
-    if shapes[0] != shapes[1]:
-        raise AssertionError(f"{name}: shape {shapes[0]} given, {shapes[1]} expected")
-    got = tuple(t.cpu() for t in _tensors(got))
-    want = tuple(t.cpu() for t in _tensors(want))
-    metrics = METRICS[name](*(x if len(x) > 1 else x[0] for x in (got, want)))
+    metrics = measure(name, got, want)
     tol = tolerances[name]
     failed = [f"{k} = {metrics[k]:.4g} > {bound:.4g}" for k in metrics
               if (bound := _bound(tol, k, metrics)) is not None and metrics[k] > bound]
@@ -547,6 +538,22 @@ def compare(name: str, got, want, tolerances: dict[str, Tolerance] = TOLERANCES)
         raise AssertionError(f"{name} outside tolerance: " + "; ".join(failed)
                              + f" (all metrics: {_fmt(metrics)})")
     return metrics
+
+
+def measure(name: str, got, want) -> dict:
+    """The metrics `compare` bounds (raises only on mismatched shapes or types)."""
+    if name not in METRICS:
+        raise KeyError(f"measure: no metrics for {name!r}; known: {sorted(METRICS)}")
+    if name in FP8_PAIRS and not all(len(_tensors(x)) == 2 for x in (got, want)):
+        raise TypeError(f"compare({name!r}): expected (bytes, codes) pairs for got and want "
+                        f"(an fp8 result is compared as values), got {type(got).__name__} "
+                        f"and {type(want).__name__}")
+    shapes = [tuple(t.shape) for t in _tensors(got)], [tuple(t.shape) for t in _tensors(want)]
+    if shapes[0] != shapes[1]:
+        raise AssertionError(f"{name}: shape {shapes[0]} given, {shapes[1]} expected")
+    got = tuple(t.cpu() for t in _tensors(got))
+    want = tuple(t.cpu() for t in _tensors(want))
+    return METRICS[name](*(x if len(x) > 1 else x[0] for x in (got, want)))
 
 
 # Shares are over these populations; one element (or block) may always be off,
@@ -621,16 +628,16 @@ def mxfp8_of(spec, scratch: torch.Tensor, name: str) -> tuple[torch.Tensor, torc
                  for r in (name, f"{name}_codes"))
 
 
+def launch_results(spec, scratch: torch.Tensor, out: torch.Tensor, want: dict, names=CHECKED):
+    """{name: (got, want)} of `names`: out, and the MXFP8 hand-offs from scratch
+    against the reference's intermediates `want`, as `compare` takes them."""
+    return {name: (out, want[name]) if name == "out" else
+            (mxfp8_of(spec, scratch, name), (want[name], want[f"{name}_codes"])) for name in names}
+
+
 def check(spec, scratch: torch.Tensor, out: torch.Tensor, want: dict, names=CHECKED) -> dict[str, dict]:
-    """`compare` of each of `names` (out, and the MXFP8 hand-offs from scratch)
-    against the reference's intermediates `want`; returns their metrics."""
-    metrics = {}
-    for name in names:
-        if name == "out":
-            metrics[name] = compare(name, out, want[name])
-        else:
-            metrics[name] = compare(name, mxfp8_of(spec, scratch, name), (want[name], want[f"{name}_codes"]))
-    return metrics
+    """`compare` of each of `names` (see launch_results); returns their metrics."""
+    return {name: compare(name, *pair) for name, pair in launch_results(spec, scratch, out, want, names).items()}
 
 
 def gemv_launch(spec, kernel, inputs: dict, want: dict, scratch: torch.Tensor, epoch: int, backend=None):

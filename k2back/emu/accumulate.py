@@ -39,54 +39,77 @@ def accumulate(mode: str, a: np.ndarray, b: np.ndarray, c: np.ndarray, a_min_exp
     elements as MMA-Sim does."""
     if mode == "exact":
         return (a @ b.T + c).astype(np.float32)
-    products = a[:, None, :] * b[None, :, :]  # [m, n, K], exact
+    products = a.T[:, :, None] * b.T[:, None, :]  # [K, m, n]: k first, exact
     if mode == "sequential":
-        acc = np.asarray(c, np.float32)
-        for k in range(products.shape[-1]):
-            acc = (acc + products[..., k]).astype(np.float32)  # exact product, one rounding
-        return acc
+        return _sequential(products, c)
     if mode != "blocked":
         raise ValueError(f"mfma_accumulate: expected one of {MODES}, got {mode!r}")
     exact = (a @ b.T + c).astype(np.float32)
-    exponents = (_exponents(a, a_min_exponent)[:, None, :] + _exponents(b, b_min_exponent)[None, :, :])
-    group = min(16 if eight_bit else 8, products.shape[-1])
+    exponents = _exponents(a.T, a_min_exponent)[:, :, None] + _exponents(b.T, b_min_exponent)[:, None, :]
+    k = products.shape[0]
+    group = min(16 if eight_bit else 8, k)
+    shape = (k // group, group, *products.shape[1:])  # the groups' sums need no accumulator
+    p, e = products.reshape(shape), exponents.reshape(shape)
+    totals, tops = _two_halves(p, e) if eight_bit else _aligned_sum(p, e)
     acc = np.asarray(c, np.float64)
-    for start in range(0, products.shape[-1], group):
-        p, e = products[..., start:start + group], exponents[..., start:start + group]
-        if eight_bit:
-            total, top = _two_halves(p, e)
-        else:
-            total, top = _aligned_sum(p, e)
-        acc = _add_accumulator(total, top, acc, eight_bit)
+    for g in range(k // group):
+        acc = _add_accumulator(totals[g], tops[g], acc, eight_bit)
     return np.where(np.isfinite(exact), acc.astype(np.float32), exact)
 
 
+def _sequential(products: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """f32 running sum in k order: with products exact in f32 (as 16- and 8-bit
+    ones are) each f32 add is one fused add."""
+    terms = products.astype(np.float32)
+    acc = np.array(c, np.float32)
+    if not (terms == products).all():  # not exact in f32 (or NaN): add in f64, then round
+        for term in products:
+            acc = (acc + term).astype(np.float32)
+        return acc
+    for term in terms:
+        np.add(acc, term, out=acc)
+    return acc
+
+
 def _exponents(x: np.ndarray, min_exponent) -> np.ndarray:
-    """floor(log2 |x|), at least the format's min exponent (subnormals); zeros lowest."""
-    _, e = np.frexp(x)
-    return np.where(x == 0, ZERO_EXPONENT, np.maximum(e - 1, min_exponent)).astype(np.int64)
+    """floor(log2 |x|), at least the format's min exponent (subnormals); zeros lowest
+    (read from the float64 exponent field: every element value is a normal double)."""
+    field = (np.asarray(x, np.float64).view(np.int64) >> 52) & 0x7FF
+    return np.where(field == 0, ZERO_EXPONENT, np.maximum(field - 1023, min_exponent))
+
+
+def _pow2(exponent: np.ndarray) -> np.ndarray:
+    """2^exponent as float64 (|exponent| < 1023), built from its bits."""
+    return ((exponent + 1023) << 52).view(np.float64)
+
+
+def _top(exponents: np.ndarray) -> np.ndarray:
+    """The largest exponent over a group (axis 1); an all-zero group's is any
+    finite value (its terms are 0): -900 keeps the scalings in range."""
+    return np.maximum(exponents.max(axis=1), -900)
 
 
 def _aligned_sum(p, e):
-    """Σ p truncated toward zero FRACTION_BITS below the largest exponent, and that exponent."""
-    top = e.max(axis=-1)
-    units = np.trunc(np.ldexp(p, FRACTION_BITS - top[..., None]))
-    return np.ldexp(units.sum(axis=-1), top - FRACTION_BITS), top
+    """Per group (axis 1): Σ p truncated toward zero FRACTION_BITS below the largest
+    exponent, and that exponent."""
+    top = _top(e)
+    units = np.trunc(p * _pow2(FRACTION_BITS - top)[:, None])
+    return units.sum(axis=1) * _pow2(top - FRACTION_BITS), top
 
 
 def _two_halves(p, e):
     """8-bit inputs: even and odd k summed apart, each floored to their common exponent."""
-    (even, e0), (odd, e1) = _aligned_sum(p[..., 0::2], e[..., 0::2]), _aligned_sum(p[..., 1::2], e[..., 1::2])
+    (even, e0), (odd, e1) = _aligned_sum(p[:, 0::2], e[:, 0::2]), _aligned_sum(p[:, 1::2], e[:, 1::2])
     top = np.maximum(e0, e1)
-    units = (np.floor(np.ldexp(even, FRACTION_BITS - top)) + np.floor(np.ldexp(odd, FRACTION_BITS - top)))
-    return np.ldexp(units, top - FRACTION_BITS), top
+    scale = _pow2(FRACTION_BITS - top)
+    return (np.floor(even * scale) + np.floor(odd * scale)) * _pow2(top - FRACTION_BITS), top
 
 
 def _add_accumulator(total, top, acc, eight_bit):
     e_acc = _exponents(acc, -126)
-    common = np.maximum(top, e_acc)
-    s = np.ldexp(np.floor(np.ldexp(total, SUM_BITS - common)), common - SUM_BITS)
-    kept = np.ldexp(np.floor(np.ldexp(acc, ACCUMULATOR_BITS - common)), common - ACCUMULATOR_BITS)
+    common = np.maximum(top, np.maximum(e_acc, -900))
+    s = np.floor(total * _pow2(SUM_BITS - common)) * _pow2(common - SUM_BITS)
+    kept = np.floor(acc * _pow2(ACCUMULATOR_BITS - common)) * _pow2(common - ACCUMULATOR_BITS)
     if eight_bit:  # an accumulator far below the products is dropped
         kept = np.where(e_acc >= common - 25, kept, 0.0)
     return (s + kept).astype(np.float32).astype(np.float64)

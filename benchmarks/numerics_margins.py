@@ -1,0 +1,102 @@
+"""The K2 kernel's tiny configurations under every numerics combination of the
+emulator (`Machine(mfma_accumulate=..., transcendental_error_seed=...,
+fnuz_negative_zero=...)`): how much of its calibrated tolerance each
+combination's worst result used (1.0 = the edge; `k2back.testing.margin`).
+
+Configurations: the kernel suite's fast set (both archs x TP 1/2/4/8 x ratio 0/2
+x S 1/3/16, the same seeds). Combinations: MFMA accumulation exact / sequential /
+blocked x transcendentals exact / one ulp off (seed 1) x, on gfx942 only, FNUZ
+negative zero 0x00 / 0x80 (gfx950 encodes OCP: the option does not apply).
+Run: .venv/bin/python benchmarks/numerics_margins.py [--jobs N] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing
+import time
+
+from k2back.emu.accumulate import MODES
+
+ARCHS = ("gfx942", "gfx950")
+CONFIGS = [(arch, tp, ratio, tokens) for arch in ARCHS for tp in (1, 2, 4, 8)
+           for ratio in (0, 2) for tokens in (1, 3, 16)]
+
+
+def combinations(arch: str):
+    fnuz = (0x00, 0x80) if arch == "gfx942" else (0x00,)
+    for accumulate, seed, negative_zero in itertools.product(MODES, (None, 1), fnuz):
+        yield {"mfma_accumulate": accumulate, "transcendental_error_seed": seed,
+               "fnuz_negative_zero": negative_zero}
+
+
+def label(options: dict) -> str:
+    seed = options["transcendental_error_seed"]
+    return (f"{options['mfma_accumulate']}, transcendentals {'exact' if seed is None else '1 ulp off'}, "
+            f"FNUZ -0 -> {options['fnuz_negative_zero']:#04x}")
+
+
+def one_launch(job):
+    """Margins of (xo, x8b, out) of one configuration under one combination."""
+    from k2back.reference import attention_back
+    from k2back.runtime import launch
+    from k2back.runtime.emu import EmuBackend
+    from k2back.testing import (
+        build,
+        launch_results,
+        make_inputs,
+        margin,
+        measure,
+        run_kernel,
+        single_thread,
+    )
+
+    (arch, tp, ratio, tokens), options = job
+    with single_thread():
+        spec, kernel = build("tiny", tp, tokens, ratio, arch)
+        inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp)
+        want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
+        scratch = launch.new_scratch(spec, "cpu")
+        start = time.perf_counter()
+        out, _ = run_kernel(spec, kernel, inputs, scratch, EmuBackend(**options))
+        seconds = time.perf_counter() - start
+        margins = {}
+        for name, (got, expected) in launch_results(spec, scratch, out, want).items():
+            metrics = measure(name, got, expected)
+            margins[name] = (*margin(name, metrics), metrics.get("nonfinite", 0.0))
+    return job, margins, seconds
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--json", help="also write every launch's margins here")
+    args = parser.parse_args()
+    jobs = [(config, options) for config in CONFIGS for options in combinations(config[0])]
+    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+        results = pool.map(one_launch, jobs, chunksize=1)
+    rows = {}
+    for (config, options), margins, seconds in results:
+        key = (config[0], label(options))
+        worst = max(((share, f"{name} {metric}", config) for name, (share, metric, _) in margins.items()))
+        failed = any(share > 1 or nonfinite > 0 for share, _, nonfinite in margins.values())
+        row = rows.setdefault(key, {"launches": 0, "failed": 0, "worst": (0.0, "", None), "seconds": 0.0})
+        row["launches"] += 1
+        row["failed"] += failed
+        row["worst"] = max(row["worst"], worst, key=lambda w: w[0])
+        row["seconds"] += seconds
+    print(f"{'arch':<7} {'combination':<60} {'launches':>8} {'failed':>6} {'worst margin':>12}  where")
+    for (arch, name), row in sorted(rows.items()):
+        share, where, config = row["worst"]
+        print(f"{arch:<7} {name:<60} {row['launches']:>8} {row['failed']:>6} {share:>12.3f}  "
+              f"{where} (TP {config[1]}, ratio {config[2]}, S {config[3]})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([{"config": c, "options": o, "margins": m, "seconds": s} for (c, o), m, s in results],
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
