@@ -3,7 +3,9 @@
 `v_mfma_* d, a, b, c[, scale_a, scale_b]`: a, b, c, d are VGPR or AGPR tuples
 (c may be an inline constant, e.g. 0); cbsz/blgp pick the element formats of
 the f8f6f4 forms; the scaled forms' E8M0 byte selects are printed as
-op_sel[i] + 2 * op_sel_hi[i] (i = 0 for A's scale, 1 for B's).
+op_sel[i] + 2 * op_sel_hi[i] (i = 0 for A's scale, 1 for B's; LLVM omits
+op_sel_hi when it is the VOP3P default, all ones); scale operands other than
+VGPRs are refused (which bits of an SGPR or constant are read is undocumented).
 MFMA is executed only under a full exec mask: the emulator refuses a partial
 one rather than guess how the hardware treats it.
 """
@@ -27,8 +29,8 @@ def decode_mfma(ins, ctx):
         raise UnsupportedInstruction(f"{error} ({ins.where()})") from None
     where = ins.where()
     mods = {k: int(ins.modifiers.get(k, "0"), 0) for k in ("cbsz", "abid", "blgp")}
-    op_sel = _pair(ins.modifiers.get("op_sel"))
-    op_sel_hi = _pair(ins.modifiers.get("op_sel_hi"))
+    op_sel = _pair(ins.modifiers.get("op_sel"), 0)
+    op_sel_hi = _pair(ins.modifiers.get("op_sel_hi"), 1 if form.scaled else 0)  # VOP3P: default 1
     for key in ("neg_lo", "neg_hi"):
         if key in ins.modifiers:
             raise UnsupportedInstruction(f"{key} on {ins.mnemonic} ({where})")
@@ -47,6 +49,10 @@ def decode_mfma(ins, ctx):
     if form.scaled:
         if len(scales) != 2:
             raise UnsupportedInstruction(f"{ins.mnemonic}: expected two scale operands ({where})")
+        for scale in scales:  # which bits of an SGPR / constant the hardware reads: undocumented
+            if scale.file != "v":
+                raise UnsupportedInstruction(f"{ins.mnemonic}: scale operand {scale.token!r} is not a "
+                                             f"VGPR, whose byte select is not modelled ({where})")
         read_scale_a, read_scale_b = (vector_reader(s, np.dtype(U32), where) for s in scales)
         extra = {"scale_a_byte": op_sel[0] + 2 * op_sel_hi[0],
                  "scale_b_byte": op_sel[1] + 2 * op_sel_hi[1]}
@@ -65,9 +71,9 @@ def decode_mfma(ins, ctx):
     return run
 
 
-def _pair(text):
+def _pair(text, default: int):
     if text is None:
-        return [0, 0, 0]
+        return [default] * 3
     return [int(x) for x in text.strip("[]").split(",")]
 
 

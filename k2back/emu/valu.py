@@ -12,7 +12,17 @@ from . import numerics as nx
 from .errors import UnsupportedInstruction
 from .operands import MASK, TYPES, vector_reader, vector_writer, with_modifiers
 from .state import LANES, mask_to_int
-from .valu_ops import PRESERVES_HIGH16, TIED, fma16, fma32, lanes, minmax, op_spec, split_mnemonic
+from .valu_ops import (
+    IMPLICIT_VCC,
+    PRESERVES_HIGH16,
+    TIED,
+    fma16,
+    fma32,
+    lanes,
+    minmax,
+    op_spec,
+    split_mnemonic,
+)
 
 U32, F32 = np.uint32, np.float32
 LANE = np.arange(LANES)
@@ -106,6 +116,8 @@ def decode_valu(ins, ctx):
     dst_ops, src_ops = operands[: len(dst_types)], operands[len(dst_types):]
     if base in TIED:
         src_ops = src_ops + [dst_ops[0]]
+    if base in IMPLICIT_VCC:
+        src_ops = src_ops + [ctx.operand("vcc", ins)]
     if len(src_ops) != len(src_types):
         raise UnsupportedInstruction(
             f"{ins.mnemonic}: expected {len(src_types)} sources, got {len(src_ops)} ({ins.where()})")
@@ -176,6 +188,7 @@ def _run(fn, reads, writes):
         if len(reads) == 3:
             r0, r1, r2 = reads
             return lambda w: write(w, fn(r0(w), r1(w), r2(w)))
+        return lambda w: write(w, fn(*[r(w) for r in reads]))
 
     def run(w):
         results = fn(*[r(w) for r in reads])
@@ -281,8 +294,13 @@ def _decode_packed(ins, ctx, base):
         write_lo = vector_writer(_register(dst, 0), dtype, where)
         write_hi = vector_writer(_register(dst, 1), dtype, where)
 
+        # ISA: D[31:0] = S0 dword OPSEL[0], D[63:32] = S1 dword OPSEL[1] (op_sel_hi unused)
+        high = _half_of_pair(srcs[1], dtype, op_sel[1], where)
+        if neg_hi[1]:
+            high = _negated(high)
+
         def pk_mov(w):
-            a, b = np.array(lo[0](w)), np.array(hi[1](w))  # copies: the halves may overlap
+            a, b = np.array(lo[0](w)), np.array(high(w))  # copies: the halves may overlap
             write_lo(w, a)
             write_hi(w, b)
         return pk_mov
@@ -382,7 +400,13 @@ def _fp8_convert(ins, ctx, base):
     op_sel = _bits(ins.modifiers.get("op_sel"), len(srcs) + 1)  # sources, then destination
     encoding = split_mnemonic(ins.mnemonic)[1]
     if encoding == "sdwa":
-        select = _SEL[ins.modifiers.get("src0_sel", "DWORD")][0]
+        # ISA: v_cvt_f32_fp8 takes only the BYTE selects, v_cvt_pk_f32_fp8 only the WORD ones
+        sel = ins.modifiers.get("src0_sel", "DWORD")
+        legal = ("WORD_0", "WORD_1") if "_pk_" in base else ("BYTE_0", "BYTE_1", "BYTE_2", "BYTE_3")
+        if sel not in legal:
+            raise UnsupportedInstruction(f"{ins.mnemonic} with src0_sel:{sel}: the ISA allows only "
+                                         f"{', '.join(legal)} there ({where})")
+        select = _SEL[sel][0]
         byte_sel, word_sel = select // 8, select // 16
     else:
         byte_sel, word_sel = op_sel[0] + 2 * op_sel[1], op_sel[0]

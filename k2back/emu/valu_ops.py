@@ -9,7 +9,8 @@ Float arithmetic is numpy's IEEE f32/f64 with denormals kept (the kernels run
 with `.amdhsa_float_denorm_mode_32 3`; launch refuses other modes). fma is
 computed in float64 and rounded once to f32: exact product, so it differs from
 a fused f32 fma only by double rounding of the sum (rare, <= 1 ulp).
-IEEE-mode min/max return the non-NaN operand (np.fmin/np.fmax).
+IEEE-mode min/max/med3 and the division macro follow the ISA pseudocode
+(see their functions).
 """
 
 from __future__ import annotations
@@ -122,8 +123,56 @@ def _fract(x):
     return np.minimum(x - np.floor(x), np.nextafter(F32(1), F32(0)))
 
 
+# ---- IEEE-mode float min / max / med3 (CDNA3/CDNA4 ISA pseudocode of V_MIN_F32,
+# V_MAX_F32, V_MED3_F32; the kernels run with .amdhsa_ieee_mode 1): a signalling NaN
+# operand gives that NaN quieted; else a NaN operand gives the other operand;
+# max(+0, -0) = +0 and min(+0, -0) = -0 in either order.
+
+_QUIET_BIT = {2: 1 << 9, 4: 1 << 22, 8: 1 << 51}
+
+
+def _bits_of(x):
+    return x.view(f"u{x.dtype.itemsize}")
+
+
+def _quieted(x):
+    """x with its NaN's quiet bit set (cvtToQuietNAN)."""
+    x = np.asarray(x)
+    return (_bits_of(x) | _bits_of(x).dtype.type(_QUIET_BIT[x.dtype.itemsize])).view(x.dtype)
+
+
+def _signalling(x):
+    x = np.asarray(x)
+    return np.isnan(x) & ((_bits_of(x) & _bits_of(x).dtype.type(_QUIET_BIT[x.dtype.itemsize])) == 0)
+
+
+def _ieee_pick(a, b, pick_a, zero_pick_a):
+    """The V_MIN/V_MAX pseudocode around the comparison `pick_a` (S0 chosen)."""
+    a, b = np.broadcast_arrays(np.asarray(a), np.asarray(b))
+    opposite_zeros = (a == 0) & (b == 0) & (np.signbit(a) != np.signbit(b))
+    out = np.where(opposite_zeros, np.where(zero_pick_a, a, b), np.where(pick_a, a, b))
+    out = np.where(np.isnan(b), a, out)
+    out = np.where(np.isnan(a), b, out)
+    out = np.where(_signalling(b), _quieted(b), out)
+    return np.where(_signalling(a), _quieted(a), out)
+
+
+def ieee_max(a, b):
+    return _ieee_pick(a, b, np.asarray(a) >= np.asarray(b), ~np.signbit(a))
+
+
+def ieee_min(a, b):
+    return _ieee_pick(a, b, np.asarray(a) < np.asarray(b), np.signbit(a))
+
+
 def _med3(a, b, c):
-    return np.fmax(np.fmin(a, b), np.fmin(np.fmax(a, b), c))
+    """V_MED3_F32: with a NaN operand min3 of the three, else the max of the two
+    operands that are not the max3."""
+    a, b, c = np.broadcast_arrays(np.asarray(a), np.asarray(b), np.asarray(c))
+    top = ieee_max(ieee_max(a, b), c)
+    median = np.where(top == a, ieee_max(b, c), np.where(top == b, ieee_max(a, c), ieee_max(a, b)))
+    any_nan = np.isnan(a) | np.isnan(b) | np.isnan(c)
+    return np.where(any_nan, ieee_min(ieee_min(a, b), c), median)
 
 
 def _class(x, mask):
@@ -180,15 +229,107 @@ def _transcendental(name):
     return lambda x: fn(x, denormals=True)
 
 
+# ---- the division macro (ISA pseudocode of V_DIV_SCALE, V_DIV_FMAS, V_DIV_FIXUP):
+# LLVM's fdiv is div_scale (denominator, numerator; VCC: post-scaling needed),
+# rcp, a Newton-Raphson fma chain, div_fmas (fma; post-scaled where VCC), div_fixup.
+# The printed pseudocode (CDNA3/CDNA4 ISA, VOP3A opcodes 478-483) cannot be read
+# literally at three places, each of which would make that macro wrong where the
+# ISA promises IEEE division; we read them as the macro needs (and as tinygrad's
+# hardware-checked emulator corrects the same text, extra/assembly/amd):
+#   1. "1.0 / 64'F(S1) == DENORM.f64": 1/S1 is a denormal of S1's own type (an f32
+#      reciprocal is never an f64 denormal), the case where V_RCP_F32 would flush.
+#   2. that case together with a denormal quotient scales the denominator by 2^-64
+#      (the printed +64 overflows: |S1| > 2^126 there) and sets VCC.
+#   3. V_DIV_FMAS post-scales by 2^+64 (2^+128) when S2 (the scaled quotient) is
+#      large, exponent field > bias, else by 2^-64 (2^-128); the text prints a bare
+#      2^32 (2^64), which undoes none of V_DIV_SCALE's scalings.
+#   4. V_DIV_FIXUP of a NaN quotient from ordinary operands (the macro overflowed)
+#      is the signed OVERFLOW, infinity.
+
+# per float type: (exponent bits, mantissa bits, scaling exponent, exponent gap)
+_DIV = {4: (8, 23, 64, 96), 8: (11, 52, 128, 768)}
+
+
+def _exponent_field(x):
+    exponent_bits, mantissa_bits, _, _ = _DIV[x.dtype.itemsize]
+    return ((_bits_of(x) >> mantissa_bits) & ((1 << exponent_bits) - 1)).astype(np.int64)
+
+
+def _denormal(x, dtype=None):
+    tiny = np.finfo(dtype or x.dtype).tiny
+    return (x != 0) & (np.abs(x) < tiny)
+
+
+def _div_scale(s0, s1, s2):
+    """V_DIV_SCALE_F32/F64: (scaled S0, VCC), the cases in the pseudocode's order."""
+    s0, s1, s2 = np.broadcast_arrays(*(np.asarray(x) for x in (s0, s1, s2)))
+    dtype = s0.dtype
+    _, mantissa_bits, scale, gap = _DIV[dtype.itemsize]
+    with np.errstate(all="ignore"):
+        quotient = (s2 / s1).astype(dtype)
+        reciprocal_denormal = _denormal(np.float64(1) / s1.astype(np.float64), dtype)
+    up, down = np.ldexp(s0, scale).astype(dtype), np.ldexp(s0, -scale).astype(dtype)
+    cases = [  # (condition, D, VCC)
+        ((s2 == 0) | (s1 == 0), np.full_like(s0, np.nan), False),
+        (_exponent_field(s2) - _exponent_field(s1) >= gap, np.where(s0 == s1, up, s0), True),
+        (_denormal(s1), up, False),
+        (reciprocal_denormal & _denormal(quotient), np.where(s0 == s1, down, s0), True),
+        (reciprocal_denormal, down, False),
+        (_denormal(quotient), np.where(s0 == s2, up, s0), True),
+        (_exponent_field(s2) <= mantissa_bits, up, False),
+    ]
+    conditions = [c for c, _, _ in cases]
+    d = np.select(conditions, [value for _, value, _ in cases], s0)
+    vcc = np.select(conditions, [np.full(s0.shape, v) for _, _, v in cases], False)
+    return d.astype(dtype), vcc
+
+
+def _div_fmas(fma):
+    def div_fmas(a, b, c, vcc):
+        """V_DIV_FMAS: fma, post-scaled where VCC by 2^+-64 (2^+-128 for f64): up if
+        the scaled quotient S2 is large, down if small (reading 3 above)."""
+        d = fma(a, b, c)
+        if not np.any(vcc):
+            return d
+        c = np.broadcast_to(np.asarray(c, d.dtype), d.shape)
+        exponent_bits, _, scale, _ = _DIV[d.dtype.itemsize]
+        bias = (1 << (exponent_bits - 1)) - 1
+        factor = np.where(_exponent_field(c) > bias, scale, -scale)
+        return np.where(vcc, np.ldexp(d, factor).astype(d.dtype), d)
+    return div_fmas
+
+
+_DEFAULT_NAN = {4: np.array(0xFFC00000, U32).view(F32), 8: np.array(0xFFF8000000000000, np.uint64).view(np.float64)}
+_UNDERFLOW_GAP = {4: -150, 8: -1075}
+
+
 def _div_fixup(quotient, denominator, numerator):
-    # The LLVM fdiv expansion (div_scale, rcp, fma refinement, div_fmas, div_fixup)
-    # yields the correctly rounded IEEE quotient; fixup is modelled as exactly that.
-    return numerator / denominator
+    """V_DIV_FIXUP_F32/F64: the special cases of n / d, else the quotient with the
+    sign of the division. The pseudocode's UNDERFLOW result (exponent fields more
+    than 150 (1075) apart: |n / d| < 2^-150 (2^-1075), below half the least
+    subnormal) is taken as zero, the IEEE result there; its OVERFLOW case
+    (exponent(d) all ones) is unreachable after the infinity and NaN cases, and a
+    NaN quotient is an overflow (reading 4 above)."""
+    q, d, n = np.broadcast_arrays(*(np.asarray(x) for x in (quotient, denominator, numerator)))
+    size = q.dtype.itemsize
+    negative = np.signbit(d) ^ np.signbit(n)
+    underflow = _exponent_field(n) - _exponent_field(d) < _UNDERFLOW_GAP[size]
+    cases = [
+        (np.isnan(n), _quieted(n)),
+        (np.isnan(d), _quieted(d)),
+        (((d == 0) & (n == 0)) | (np.isinf(d) & np.isinf(n)), np.full_like(q, _DEFAULT_NAN[size])),
+        ((d == 0) | np.isinf(n), np.full_like(q, np.inf)),
+        (np.isinf(d) | (n == 0) | underflow, np.zeros_like(q)),
+        (np.isnan(q), np.full_like(q, np.inf)),
+    ]
+    magnitude = np.select([c for c, _ in cases], [v for _, v in cases], np.abs(q))
+    signs_apply = ~(np.isnan(n) | np.isnan(d) | cases[2][0])
+    return np.where(signs_apply & negative, -magnitude, magnitude).astype(q.dtype)
 
 
 def minmax(dtype):
     if np.dtype(dtype).kind == "f":
-        return np.fmin, np.fmax
+        return ieee_min, ieee_max
     return np.minimum, np.maximum
 
 
@@ -215,8 +356,8 @@ VOP: dict[str, tuple[str, str, object]] = {
     "v_rndne_f32": ("f32", "f32", np.rint),
     "v_frexp_mant_f32": ("f32", "f32", lambda x: np.frexp(x)[0]),
     "v_frexp_exp_i32_f32": ("i32", "f32", lambda x: np.frexp(x)[1].astype(I32)),
-    "v_div_scale_f32": ("f32 mask", "f32 f32 f32", lambda a, b, c: (a, np.zeros(LANES, bool))),
-    "v_div_fmas_f32": ("f32", "f32 f32 f32", fma32),
+    "v_div_scale_f32": ("f32 mask", "f32 f32 f32", _div_scale),
+    "v_div_fmas_f32": ("f32", "f32 f32 f32 mask", _div_fmas(fma32)),
     "v_div_fixup_f32": ("f32", "f32 f32 f32", _div_fixup),
     "v_cvt_f32_i32": ("f32", "i32", lambda a: a.astype(F32)),
     "v_cvt_f32_u32": ("f32", "u32", lambda a: a.astype(F32)),
@@ -240,8 +381,8 @@ VOP: dict[str, tuple[str, str, object]] = {
     "v_mul_f64": ("f64", "f64 f64", np.multiply),
     "v_fma_f64": ("f64", "f64 f64 f64", _fma64),
     "v_ldexp_f64": ("f64", "f64 i32", _ldexp),
-    "v_div_scale_f64": ("f64 mask", "f64 f64 f64", lambda a, b, c: (a, np.zeros(LANES, bool))),
-    "v_div_fmas_f64": ("f64", "f64 f64 f64", _fma64),
+    "v_div_scale_f64": ("f64 mask", "f64 f64 f64", _div_scale),
+    "v_div_fmas_f64": ("f64", "f64 f64 f64 mask", _div_fmas(_fma64)),
     "v_div_fixup_f64": ("f64", "f64 f64 f64", _div_fixup),
     # f16
     "v_add_f16": ("f16", "f16 f16", np.add),
@@ -327,6 +468,8 @@ for _type in ("f32", "i32", "u32", "f16", "i16", "u16", "f64"):
 VOP["v_med3_i32"] = ("i32", "i32 i32 i32", lambda a, b, c: np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c)))
 VOP["v_med3_u32"] = ("u32", "u32 u32 u32", VOP["v_med3_i32"][2])
 
+# Ops reading VCC without naming it (their last source type is `mask`)
+IMPLICIT_VCC = {"v_div_fmas_f32", "v_div_fmas_f64"}
 # Ops whose destination is also their last source (VOP2 mac forms).
 # (v_mad_f32 / v_mac_f32 round the product and flush denormals; LLVM does not
 # select them with f32 denormals on, so they stay unimplemented.)
