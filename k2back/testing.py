@@ -589,6 +589,13 @@ def _fmt(metrics: dict) -> str:
 # --- running the K2 kernel and checking it ----------------------------------------
 
 GEMV_STAGES = ("wo_a", "wo_b")
+# the configurations whose code the instruction inventory covers (issue 9 §6):
+# (geometry, tp, tokens, ratio, arch)
+INVENTORY_CONFIGS = (
+    *[("tiny", tp, tokens, ratio, arch) for arch in ("gfx942", "gfx950") for tp in (1, 2, 4, 8)
+      for ratio in RATIOS for tokens in (1, 16, 64)],
+    *[("v4.1-flash", 4, 1, ratio, arch) for arch in ("gfx942", "gfx950") for ratio in RATIOS],
+)
 CHECKED = ("xo", "x8b", "out")  # what a launch is checked on: both hand-offs and out
 
 

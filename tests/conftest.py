@@ -24,3 +24,71 @@ def private_cache_dir(tmp_path_factory):
         os.environ.pop("K2BACK_CACHE_DIR", None)
     else:
         os.environ["K2BACK_CACHE_DIR"] = old
+
+
+# --- which instruction forms each test's emulator launches hold (issue 9 §6) -----------
+# `pytest -n 4 tests/test_emu_*.py --record-forms=tests/data/form_coverage.json` writes
+# {form: [up to 3 tests that launched a kernel holding it]}: the table
+# tests/test_emu_inventory.py checks the K2 kernel's forms against.
+
+def pytest_addoption(parser):
+    parser.addoption("--record-forms", default=None,
+                     help="write the instruction forms of every emulator launch, per test, here")
+
+
+_RECORDED: dict = {}
+_CURRENT = [None]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    _CURRENT[0] = item.nodeid
+    try:
+        return (yield)
+    finally:
+        _CURRENT[0] = None
+
+
+@pytest.fixture(autouse=True, scope="session")
+def record_forms(request):
+    path = request.config.getoption("--record-forms")
+    if not path:
+        yield
+        return
+    import json
+
+    from k2back.emu import inventory, machine
+
+    launch = machine.Machine.launch
+
+    def recording(self, asm, kernel_name, *args, **kwargs):
+        if _CURRENT[0] is not None:
+            _RECORDED.setdefault(_CURRENT[0], set()).update(inventory.forms(asm, kernel_name))
+        return launch(self, asm, kernel_name, *args, **kwargs)
+
+    machine.Machine.launch = recording
+    yield
+    machine.Machine.launch = launch
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    with open(f"{path}.raw.{worker}", "w") as f:
+        json.dump({test: sorted(forms) for test, forms in _RECORDED.items()}, f)
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption("--record-forms")
+    if not path or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    import glob
+    import json
+
+    tests_of: dict = {}
+    for raw in glob.glob(f"{glob.escape(path)}.raw.*"):
+        with open(raw) as f:
+            for test, forms in json.load(f).items():
+                for form in forms:  # the test function (its parametrizations alike)
+                    tests_of.setdefault(form, set()).add(test.split("[")[0])
+        os.remove(raw)
+    with open(path, "w") as f:
+        for i, (form, tests) in enumerate(sorted(tests_of.items())):
+            f.write(("{\n" if i == 0 else ",\n") + json.dumps(form) + ": " + json.dumps(sorted(tests)[:3]))
+        f.write("\n}\n")

@@ -27,7 +27,7 @@ passes; every MFMA our kernels use is an XDL op.
 | VALU/VMEM/DS writes a VGPR | XDL MFMA reads it as SrcC (WAR) | 1/3/7/15 for 2/4/8/16 passes |
 | non-transcendental VALU reads | transcendental VALU wrote it | 1 |
 | VALU touches the register | VALU wrote part of it (SDWA dst_sel, op_sel dst bit) | 1 |
-| VALU reads an SGPR (incl. VCC) | VALU wrote it | 2 |
+| VALU reads an SGPR as an explicit operand (not e32/SDWA/DPP's implied VCC) | VALU wrote it | 2 |
 | v_readlane/v_readfirstlane src0 | VALU wrote the VGPR | 1 |
 | v_readlane/v_readfirstlane/v_writelane | VALU writes EXEC | 4 |
 | v_readlane/v_writelane lane select | VALU wrote the SGPR | 4 |
@@ -218,7 +218,10 @@ def _valu_effects(e, ins, accum_offset):
     spec = op_spec(base)
     n_defs = 2 if e.op.startswith("v_permlane") else len(spec[0].split()) if spec else 1
     dv, ds = _masks(ops[:n_defs], accum_offset, ins)
-    uv, us = _masks(ops[n_defs:], accum_offset, ins)
+    # a VCC operand of a 32-bit encoding (VOP2/VOPC e32, SDWA, DPP: carry-in, mask) is
+    # implicit in LLVM's MachineInstr, and the SGPR-read rule looks at explicit uses only
+    implicit_vcc = encoding in ("e32", "sdwa", "dpp")
+    uv, us = _masks([t for t in ops[n_defs:] if not (implicit_vcc and t == "vcc")], accum_offset, ins)
     e.kind = "valu"
     e.trans = bool(TRANSCENDENTAL.match(base))
     e.dpp = encoding == "dpp"
