@@ -273,6 +273,22 @@ def cmd_cache(parser, args) -> int:
     return 0
 
 
+# ---- selftest -----------------------------------------------------------------------------
+
+
+def cmd_selftest(parser, args) -> int:
+    """Unit kernels and the K2 kernel on the GPU and in the emulator (k2back.selftest)."""
+    from k2back import selftest
+    from k2back.codegen.llvm import ARCHS
+
+    if args.emulator_only:
+        gpu, reason, arch = None, "--emulator-only", None
+    else:
+        gpu, reason, arch = selftest.gpu_or_reason()
+    archs = (arch,) if gpu is not None else tuple(args.arch or ARCHS)
+    return selftest.selftest(archs, gpu, reason)
+
+
 # ---- the parser ---------------------------------------------------------------------------
 
 
@@ -284,6 +300,7 @@ COMMANDS = {
     "verify": (cmd_verify, "run in the emulator against the reference of record", False),
     "doctor": (cmd_doctor, "toolchain, ROCm runtime, GPUs, cache", None),
     "cache": (cmd_cache, "list, size or clear the kernel cache", None),
+    "selftest": (cmd_selftest, "unit and K2 kernels on the GPU and in the emulator, compared", None),
 }
 
 
@@ -310,6 +327,10 @@ def parser() -> argparse.ArgumentParser:
     sub.choices["verify"].add_argument("--perturb", action="store_true",
                                        help=argparse.SUPPRESS)  # test-only: must then fail
     sub.choices["cache"].add_argument("action", choices=("ls", "size", "clear"))
+    sub.choices["selftest"].add_argument("--arch", type=name_list, default=None,
+                                         help="the emulator half's archs (default: all)")
+    sub.choices["selftest"].add_argument("--emulator-only", action="store_true",
+                                         help="skip the GPU even if there is one")
     return top
 
 
