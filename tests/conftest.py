@@ -26,6 +26,16 @@ def private_cache_dir(tmp_path_factory):
         os.environ["K2BACK_CACHE_DIR"] = old
 
 
+# a test's own code-object cache and no K2BACK_* build switches (codegen tests)
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    for knob in ("K2BACK_ALWAYS_COMPILE", "K2BACK_DUMP_DIR", "K2BACK_ASSERT_NO_COMPILE",
+                 "K2BACK_LLD"):
+        monkeypatch.delenv(knob, raising=False)
+    monkeypatch.setenv("K2BACK_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
 # --- which instruction forms each test's emulator launches hold (issue 9 §6) -----------
 # `pytest -n 4 tests/test_emu_*.py --record-forms=tests/data/form_coverage.json` writes
 # {form: [up to 3 tests that launched a kernel holding it]}: the table

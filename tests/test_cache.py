@@ -15,14 +15,14 @@ from hashlib import sha256
 from pathlib import Path
 
 import pytest
-from test_compiler import AXPY, SCALED_MFMA, private_cache  # noqa: F401 -- autouse fixture
-from test_linker import fake_lld
 
 import k2back
 from k2back.codegen import compiler, llvm
 from k2back.codegen.compiler import CompileError, IRSource, cache_key, compile
+from k2back.codegen.testing import AXPY, SCALED_MFMA, fake_lld
 from k2back.runtime import cache
 
+pytestmark = pytest.mark.usefixtures("private_cache")
 FILES = ["axpy.hsaco", "axpy.json", "axpy.ll", "axpy.opt.ll", "axpy.s"]
 
 
@@ -204,20 +204,18 @@ def test_failed_store_leaves_no_temp_dir(root):
 
 BUILD_ONE = textwrap.dedent("""
     import json, sys
-    sys.path.insert(0, sys.argv[1])
     from k2back.codegen.compiler import IRSource, compile
-    from test_compiler import AXPY
+    from k2back.codegen.testing import AXPY
     kernel = compile(IRSource(AXPY, "axpy", "gfx950"))
     print(json.dumps({"hit": kernel.cache_hit, "key": kernel.key}))
 """)
 
 
 def test_two_processes_build_one_key_once(root):
-    tests_dir = str(Path(__file__).parent)
     key, _ = cache_key(IRSource(AXPY, "axpy", "gfx950"))
     # Hold the key's lock until both racers are surely waiting on it, so they contend.
     with cache.Cache().lock(key):
-        racers = [subprocess.Popen([sys.executable, "-c", BUILD_ONE, tests_dir],
+        racers = [subprocess.Popen([sys.executable, "-c", BUILD_ONE],
                                    stdout=subprocess.PIPE, text=True) for _ in range(2)]
         time.sleep(3)
         assert all(r.poll() is None for r in racers)

@@ -11,11 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import llvmlite.binding as llvm
 import pytest
-from test_kernargs import MIXED_IR
 
 from k2back.cli import int_list
 from k2back.codegen.compiler import IRSource
 from k2back.codegen.compiler import compile as compile_source
+from k2back.codegen.testing import MIXED_IR
 
 
 def k2back(*argv, cache_dir, timeout=600, **env):

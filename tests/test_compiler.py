@@ -10,73 +10,15 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
 
 from k2back.codegen import linker, llvm
 from k2back.codegen.compiler import STAGES, CompileError, IRSource, compile, schedule
+from k2back.codegen.testing import AXPY, FLAGS, HEADER, SCALED_MFMA, module
 
-HEADER = """target triple = "amdgcn-amd-amdhsa"
-target datalayout = "e-p:64:64-p1:64:64-p2:32:32-p3:32:32-p4:64:64-p5:32:32-p6:32:32-p7:160:256:256:32-p8:128:128:128:48-p9:192:256:256:32-i64:64-v16:16-v24:32-v32:32-v48:64-v96:128-v192:256-v256:256-v512:512-v1024:1024-v2048:2048-n32:64-S32-A5-G1-ni:7:8:9"
-"""
-FLAGS = """!llvm.module.flags = !{!0}
-!0 = !{i32 1, !"amdhsa_code_object_version", i32 500}
-"""
-
-
-def module(body: str, flags: str = FLAGS) -> str:
-    return HEADER + body + "\n" + flags
-
-
-# out[tid] = x[tid] * a for tid < n, scaled through an internal helper: O3
-# inlines it, so a call left in the asm means optimization did not run.
-AXPY = module("""
-define internal float @scale(float %v, float %a) {
-  %m = fmul float %v, %a
-  ret float %m
-}
-
-define amdgpu_kernel void @axpy(ptr addrspace(1) noalias %out, i32 %n,
-                                ptr addrspace(1) noalias readonly %x, i64 %big, float %a) #0 {
-  %tid = call i32 @llvm.amdgcn.workitem.id.x()
-  %in = icmp ult i32 %tid, %n
-  br i1 %in, label %body, label %done
-body:
-  %src = getelementptr float, ptr addrspace(1) %x, i32 %tid
-  %v = load float, ptr addrspace(1) %src
-  %m = call float @scale(float %v, float %a)
-  %dst = getelementptr float, ptr addrspace(1) %out, i32 %tid
-  store float %m, ptr addrspace(1) %dst
-  br label %done
-done:
-  ret void
-}
-
-declare i32 @llvm.amdgcn.workitem.id.x()
-attributes #0 = { "amdgpu-flat-work-group-size"="1,256" }
-""")
-
-# The gfx950 scaled MFMA does not exist on gfx942: instruction selection aborts.
-SCALED_MFMA = module("""
-define amdgpu_kernel void @crash(ptr addrspace(1) %out, <8 x i32> %a, <8 x i32> %b) {
-  %r = call <4 x float> @llvm.amdgcn.mfma.scale.f32.16x16x128.f8f6f4.v8i32.v8i32(<8 x i32> %a, <8 x i32> %b, <4 x float> zeroinitializer, i32 0, i32 0, i32 0, i32 0, i32 0, i32 0)
-  store <4 x float> %r, ptr addrspace(1) %out
-  ret void
-}
-declare <4 x float> @llvm.amdgcn.mfma.scale.f32.16x16x128.f8f6f4.v8i32.v8i32(<8 x i32>, <8 x i32>, <4 x float>, i32, i32, i32, i32, i32, i32)
-""")
-
-
-@pytest.fixture(autouse=True)
-def private_cache(tmp_path, monkeypatch):
-    for knob in ("K2BACK_ALWAYS_COMPILE", "K2BACK_DUMP_DIR", "K2BACK_ASSERT_NO_COMPILE",
-                 "K2BACK_LLD"):
-        monkeypatch.delenv(knob, raising=False)
-    monkeypatch.setenv("K2BACK_CACHE_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
-
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 def cache_contents(root) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.name != ".locks") if root.exists() else []
@@ -226,10 +168,9 @@ def test_linker_failure_is_the_hsaco_stage(tmp_path, monkeypatch, private_cache)
 
 FORK_AFTER_COMPILE = """
 import os, sys
-sys.path.insert(0, sys.argv[1])
 from k2back.codegen import compiler
 from k2back.codegen.compiler import IRSource, compile
-from test_compiler import AXPY
+from k2back.codegen.testing import AXPY
 compile(IRSource(AXPY, "axpy", "gfx942"))  # the parent's worker is up
 parent_worker = compiler._worker._process.pid
 pid = os.fork()
@@ -249,7 +190,7 @@ assert compile(IRSource(AXPY, "axpy", "gfx950:sramecc-")).metadata.target == "gf
 
 def test_a_forked_child_gets_its_own_worker():
     # in a fresh interpreter: forking a test process that may hold torch's threads is unsafe
-    done = subprocess.run([sys.executable, "-c", FORK_AFTER_COMPILE, str(Path(__file__).parent)],
+    done = subprocess.run([sys.executable, "-c", FORK_AFTER_COMPILE],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr
 

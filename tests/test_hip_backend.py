@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from test_kernargs import asm_metadata, echo_ir
 
 from k2back.codegen import llvm
+from k2back.codegen.testing import asm_metadata, echo_ir, small_tensors
 from k2back.runtime import hip
 from k2back.runtime.launch import TENSOR_ARGS
 
@@ -72,26 +72,6 @@ def echo_kernel(arch="gfx942"):
     asm = llvm.emit_assembly(echo_ir(), arch)
     return SimpleNamespace(name="k2_echo", arch=arch, asm=asm, hsaco=b"\x7fELF-image",
                            metadata=asm_metadata(asm), key=f"echo-{arch}")
-
-
-def small_tensors(seed=0):
-    g = torch.Generator().manual_seed(seed)
-    def rand(*shape, dtype=torch.float32):
-        return torch.randn(*shape, generator=g).to(dtype)
-    def bytes_(*shape):
-        return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
-    return {
-        "q": rand(2, 8, 512, dtype=torch.bfloat16),
-        "key_table": torch.randint(0, 1 << 30, (2, 48), generator=g, dtype=torch.int32),
-        "key_len": torch.randint(1, 48, (2,), generator=g, dtype=torch.int32),
-        "positions": torch.randint(0, 1 << 40, (2,), generator=g, dtype=torch.int64),
-        "swa_cache": bytes_(3, 64 * 576), "swa_block": 32,
-        "comp_cache": bytes_(5, 2 * 64 * 576)[:, : 64 * 576 + 512], "comp_block": 64,
-        "cos_sin": rand(100, 64), "sink": rand(8),
-        "wo_a": bytes_(128, 4096).view(torch.float8_e4m3fn), "wo_a_scale": bytes_(4, 128),
-        "wo_b": bytes_(256, 128).view(torch.float8_e4m3fn), "wo_b_scale": bytes_(8, 4),
-        "out": torch.zeros(2, 256, dtype=torch.bfloat16),
-    }
 
 
 SPEC = SimpleNamespace(name="k2_echo", geometry="tiny", blocks=304, threads=512, scratch_bytes=4096)

@@ -8,55 +8,19 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import yaml
 
 from k2back.codegen import llvm
 from k2back.codegen.signature import KERNEL_ARGS, KernelArg
-from k2back.codegen.signature import params as signature_params
+from k2back.codegen.testing import MIXED_IR, asm_metadata, echo_ir, small_tensors
 from k2back.runtime.kernargs import KernargError, LaunchDims, pack_kernargs
 from k2back.runtime.launch import TENSOR_ARGS
 
-MIXED_IR = """
-target triple = "amdgcn-amd-amdhsa"
-define amdgpu_kernel void @mixed(ptr addrspace(1) %out, i32 %a, i64 %b, float %c,
-                                 ptr addrspace(1) %p, i32 %d) #0 {
-  ; out = [a, b, c's bits, p, d] as i64 words
-  %wa = sext i32 %a to i64
-  %cbits = bitcast float %c to i32
-  %wc = zext i32 %cbits to i64
-  %wp = ptrtoint ptr addrspace(1) %p to i64
-  %wd = zext i32 %d to i64
-  store i64 %wa, ptr addrspace(1) %out, align 8
-  %o1 = getelementptr i64, ptr addrspace(1) %out, i64 1
-  store i64 %b, ptr addrspace(1) %o1, align 8
-  %o2 = getelementptr i64, ptr addrspace(1) %out, i64 2
-  store i64 %wc, ptr addrspace(1) %o2, align 8
-  %o3 = getelementptr i64, ptr addrspace(1) %out, i64 3
-  store i64 %wp, ptr addrspace(1) %o3, align 8
-  %o4 = getelementptr i64, ptr addrspace(1) %out, i64 4
-  store i64 %wd, ptr addrspace(1) %o4, align 8
-  ret void
-}
-attributes #0 = { "amdgpu-flat-work-group-size"="1,512" }
-!llvm.module.flags = !{!0}
-!0 = !{i32 1, !"amdhsa_code_object_version", i32 500}
-"""
 MIXED_SIGNATURE = (
     KernelArg("out", "ptr addrspace(1)"), KernelArg("a", "i32"), KernelArg("b", "i64"),
     KernelArg("c", "float"), KernelArg("p", "ptr addrspace(1)"), KernelArg("d", "i32"),
 )
 VALUES = {"out": 0x7F00_1234_5600, "a": -7, "b": 1 << 40, "c": 0.1, "p": 0, "d": 0xFFFF_FFFF}
 DIMS = LaunchDims(grid=(304, 1, 1), block=(512, 1, 1))
-
-
-def asm_metadata(asm: str) -> SimpleNamespace:
-    """The kernel's metadata as LLVM printed it (YAML), independent of k2back's reader."""
-    text = asm.split(".amdgpu_metadata")[1].split("...")[0]
-    kernel = yaml.safe_load(text)["amdhsa.kernels"][0]
-    args = [SimpleNamespace(name=a.get(".name", ""), offset=a[".offset"], size=a[".size"],
-                            value_kind=a[".value_kind"]) for a in kernel[".args"]]
-    return SimpleNamespace(name=kernel[".name"], kernarg_size=kernel[".kernarg_segment_size"],
-                           args=args)
 
 
 @pytest.fixture(scope="module", params=llvm.ARCHS)
@@ -136,36 +100,6 @@ def test_unknown_hidden_kind_is_an_error(mixed):
 
 # ---- the K2 signature end to end: launch.kernel_arguments -> pack -> a kernel ----------------
 
-def echo_ir() -> str:
-    """A kernel with the K2 signature writing, as i64 word i of `out`, argument
-    i if it is a scalar, or the first dword it points to if it is a pointer
-    (so each address is proven to reach its tensor's data)."""
-    body = []
-    for i, arg in enumerate(KERNEL_ARGS):
-        v = f"%{arg.name}"
-        if arg.is_pointer:
-            body.append(f"%d{i} = load i32, {arg.llvm_type} {v}, align 4")
-            body.append(f"%w{i} = zext i32 %d{i} to i64")
-        elif arg.llvm_type == "float":
-            body.append(f"%b{i} = bitcast float {v} to i32")
-            body.append(f"%w{i} = zext i32 %b{i} to i64")
-        elif arg.llvm_type == "i32":
-            body.append(f"%w{i} = zext i32 {v} to i64")
-        else:
-            body.append(f"%w{i} = add i64 {v}, 0")
-    for i, _ in enumerate(KERNEL_ARGS):  # every load before the first store into out
-        body.append(f"%p{i} = getelementptr i64, ptr addrspace(1) %out, i64 {i}")
-        body.append(f"store i64 %w{i}, ptr addrspace(1) %p{i}, align 8")
-    return "\n".join([
-        'target triple = "amdgcn-amd-amdhsa"',
-        f"define amdgpu_kernel void @k2_echo({signature_params()}) #0 {{",
-        *("  " + line for line in body), "  ret void", "}",
-        'attributes #0 = { "amdgpu-flat-work-group-size"="1,512" }',
-        "!llvm.module.flags = !{!0}",
-        '!0 = !{i32 1, !"amdhsa_code_object_version", i32 500}',
-    ])
-
-
 def first_dword(t) -> int:
     """The 4 bytes at a tensor's first element, as the kernel's load sees them."""
     flat = t.reshape(-1)[: max(1, 4 // t.element_size())].contiguous()
@@ -182,8 +116,6 @@ def cache_dir(tmp_path, monkeypatch):
 def test_launch_arguments_reach_the_kernel_in_the_emulator(cache_dir, arch):
     """launch.kernel_arguments -> pack_kernargs -> EmuBackend: every pointer
     leads to its tensor's data, every scalar arrives as given."""
-    from test_hip_backend import small_tensors
-
     from k2back.codegen.compiler import IRSource
     from k2back.codegen.compiler import compile as compile_source
     from k2back.runtime.emu import EmuBackend

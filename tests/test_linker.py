@@ -4,12 +4,12 @@ linkers on disk, and a real link of an object LLVM made."""
 from __future__ import annotations
 
 import io
-import shlex
 
 import pytest
 from elftools.elf.elffile import ELFFile
 
 from k2back.codegen import linker, llvm
+from k2back.codegen.testing import fake_lld
 
 KERNEL = """target triple = "amdgcn-amd-amdhsa"
 define amdgpu_kernel void @store_tid(ptr addrspace(1) %out) {
@@ -32,16 +32,6 @@ def clean_env(monkeypatch, tmp_path):
     monkeypatch.setattr(linker, "ROCM_ROOTS", ())
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     return monkeypatch
-
-
-def fake_lld(path, version="LLD 99.0.0 (fake)"):
-    """A stand-in ld.lld that answers --version and forwards links to the real one."""
-    real = " ".join(map(shlex.quote, linker._ziglang().command))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f'#!/bin/sh\n[ "$1" = --version ] && {{ echo "{version}"; exit 0; }}\n'
-                    f'exec {real} "$@"\n')
-    path.chmod(0o755)
-    return path
 
 
 def test_ziglang_is_the_last_resort(clean_env):

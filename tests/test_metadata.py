@@ -13,11 +13,13 @@ import struct
 import pytest
 import yaml
 from elftools.elf.elffile import ELFFile
-from test_compiler import module, private_cache  # noqa: F401 -- autouse fixture
 
 from k2back.codegen import llvm, metadata
 from k2back.codegen.compiler import IRSource, compile
 from k2back.codegen.metadata import KernelMetadata, MetadataError
+from k2back.codegen.testing import module
+
+pytestmark = pytest.mark.usefixtures("private_cache")
 
 # (name, LLVM type, bytes) of the mixed kernel's parameters
 MIXED_PARAMS = [("out", "ptr addrspace(1)", 8), ("a", "i32", 4), ("b", "i64", 8),
