@@ -57,7 +57,8 @@ def split(x: float, min_exponent: int) -> tuple[float, int]:
 
 
 def blocked_model(a, b, c, a_min, b_min, eight_bit):
-    """MMA-Sim's CDNA3 matrix-core arithmetic, one output element at a time."""
+    """MMA-Sim's CDNA3 matrix-core arithmetic, one output element at a time; the
+    min exponents scalars or per element (a scaled MFMA's scale moves them)."""
     group = min(16 if eight_bit else 8, a.shape[1])
 
     def aligned(terms):  # [(significand, exponent)] -> (sum of truncated terms, top exponent)
@@ -71,8 +72,8 @@ def blocked_model(a, b, c, a_min, b_min, eight_bit):
             for g in range(0, a.shape[1], group):
                 terms = []
                 for k in range(g, g + group):
-                    sa, ea = split(float(a[i, k]), a_min)
-                    sb, eb = split(float(b[j, k]), b_min)
+                    sa, ea = split(float(a[i, k]), a_min if np.isscalar(a_min) else int(a_min[i, k]))
+                    sb, eb = split(float(b[j, k]), b_min if np.isscalar(b_min) else int(b_min[j, k]))
                     terms.append((sa * sb, ea + eb))
                 if eight_bit:
                     (s0, e0), (s1, e1) = aligned(terms[0::2]), aligned(terms[1::2])
@@ -143,6 +144,35 @@ def test_mfma_accumulation_models(arch, mnemonic, dtype, k, min_exponent, eight_
         else:
             want = blocked_model(a64, b64, c, min_exponent, min_exponent, eight_bit)
         np.testing.assert_array_equal(got, accumulator_lanes(want))
+
+
+@pytest.mark.parametrize("mode", ["sequential", "blocked"])
+def test_scaled_mfma_accumulation_models(mode):
+    """gfx950's scaled 16x16x128 (OCP e4m3 both): the scales multiply each 32-k
+    block exactly and move its elements' min exponent; laid out as the CK
+    hardware probe shows (tests/test_emu_hardware_truths.py): lane l byte t holds
+    row l % 16, k = 64 (t // 16) + 16 (l // 16) + t % 16; scale byte 0 of lane l
+    scales row l % 16 over k-block l // 16."""
+    form = MFMA_FORMS["gfx950"]["v_mfma_scale_f32_16x16x128_f8f6f4"]
+    fmt = ml_dtypes.float8_e4m3fn
+    g = rng(21)
+    codes = g.integers(0, 256, (2, 16, 128), dtype=np.uint8)
+    codes = np.where(np.isfinite(codes.view(fmt).astype(np.float32)), codes, 0).astype(np.uint8)
+    blocks = g.integers(120, 135, (2, 16, 4))
+    exponent = np.repeat(blocks - 127, 32, axis=2)
+    values = codes.view(fmt).astype(np.float64) * np.exp2(exponent)
+    lane = np.arange(64)
+    byte_k = 64 * (np.arange(32) // 16)[None, :] + 16 * (lane // 16)[:, None] + np.arange(32)[None, :] % 16
+    regs = [np.ascontiguousarray(codes[m][lane % 16][np.arange(64)[:, None], byte_k]).view(np.uint32)
+            for m in range(2)]
+    scales = [blocks[m][lane % 16, lane // 16].astype(np.uint32) for m in range(2)]
+    c = (g.standard_normal((16, 16)) * 8).astype(F32)
+    got = form(regs[0], regs[1], accumulator_lanes(c), scale_a=scales[0], scale_b=scales[1], accumulate=mode)
+    if mode == "sequential":
+        want = sequential_model(values[0], values[1], c)
+    else:
+        want = blocked_model(values[0], values[1], c, -6 + exponent[0], -6 + exponent[1], True)
+    np.testing.assert_array_equal(got, accumulator_lanes(want))
 
 
 def test_the_models_round_differently():

@@ -45,7 +45,8 @@ def accumulate(mode: str, a: np.ndarray, b: np.ndarray, c: np.ndarray, a_min_exp
     if mode != "blocked":
         raise ValueError(f"mfma_accumulate: expected one of {MODES}, got {mode!r}")
     exact = (a @ b.T + c).astype(np.float32)
-    exponents = _exponents(a.T, a_min_exponent)[:, :, None] + _exponents(b.T, b_min_exponent)[:, None, :]
+    a_min, b_min = np.asarray(a_min_exponent).T, np.asarray(b_min_exponent).T  # [K, m] as a.T
+    exponents = _exponents(a.T, a_min)[:, :, None] + _exponents(b.T, b_min)[:, None, :]
     k = products.shape[0]
     group = min(16 if eight_bit else 8, k)
     shape = (k // group, group, *products.shape[1:])  # the groups' sums need no accumulator
