@@ -7,7 +7,7 @@ Configurations: the kernel suite's fast set (both archs x TP 1/2/4/8 x ratio 0/2
 x S 1/3/16, the same seeds). Combinations: MFMA accumulation exact / sequential /
 blocked x transcendentals exact / one ulp off (seed 1) x, on gfx942 only, FNUZ
 negative zero 0x00 / 0x80 (gfx950 encodes OCP: the option does not apply).
-Run: .venv/bin/python benchmarks/numerics_margins.py [--jobs N] [--json PATH]
+Run: .venv/bin/python benchmarks/numerics_margins.py [--jobs N] [--json PATH.jsonl]
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import itertools
 import json
 import multiprocessing
 import time
+from pathlib import Path
 
 from k2back.emu.accumulate import MODES
 
@@ -40,6 +41,15 @@ def label(options: dict) -> str:
 
 def one_launch(job):
     """Margins of (xo, x8b, out) of one configuration under one combination."""
+
+    (arch, tp, ratio, tokens), options = job
+    try:
+        return _one_launch(job, arch, tp, ratio, tokens, options)
+    except Exception as error:  # noqa: BLE001 -- a launch that fails is a row, not the end of the run
+        return job, {"error": f"{type(error).__name__}: {str(error).splitlines()[0]}"}, 0.0
+
+
+def _one_launch(job, arch, tp, ratio, tokens, options):
     from k2back.reference import attention_back
     from k2back.runtime import launch
     from k2back.runtime.emu import EmuBackend
@@ -53,7 +63,6 @@ def one_launch(job):
         single_thread,
     )
 
-    (arch, tp, ratio, tokens), options = job
     with single_thread():
         spec, kernel = build("tiny", tp, tokens, ratio, arch)
         inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp)
@@ -72,14 +81,29 @@ def one_launch(job):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--json", help="also write every launch's margins here")
+    parser.add_argument("--json", help="JSON lines of every launch's margins, appended as they come "
+                                           "(a rerun skips the launches already there)")
     args = parser.parse_args()
     jobs = [(config, options) for config in CONFIGS for options in combinations(config[0])]
+    results = []
+    if args.json and Path(args.json).exists():
+        for line in Path(args.json).read_text().splitlines():
+            r = json.loads(line)
+            results.append(((tuple(r["config"]), r["options"]), r["margins"], r["seconds"]))
+    done = {json.dumps([list(c), o], sort_keys=True) for (c, o), _, _ in results}
+    todo = [j for j in jobs if json.dumps([list(j[0]), j[1]], sort_keys=True) not in done]
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-        results = pool.map(one_launch, jobs, chunksize=1)
+        for (config, options), margins, seconds in pool.imap_unordered(one_launch, todo, chunksize=1):
+            results.append(((config, options), margins, seconds))
+            if args.json:
+                with open(args.json, "a") as f:
+                    f.write(json.dumps({"config": config, "options": options, "margins": margins,
+                                        "seconds": seconds}) + "\n")
     rows = {}
     for (config, options), margins, seconds in results:
         key = (config[0], label(options))
+        if "error" in margins:
+            margins = {"launch": (float("inf"), margins["error"], 0.0)}
         worst = max(((share, f"{name} {metric}", config) for name, (share, metric, _) in margins.items()))
         failed = any(share > 1 or nonfinite > 0 for share, _, nonfinite in margins.values())
         row = rows.setdefault(key, {"launches": 0, "failed": 0, "worst": (0.0, "", None), "seconds": 0.0})
@@ -92,10 +116,6 @@ def main():
         share, where, config = row["worst"]
         print(f"{arch:<7} {name:<60} {row['launches']:>8} {row['failed']:>6} {share:>12.3f}  "
               f"{where} (TP {config[1]}, ratio {config[2]}, S {config[3]})")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump([{"config": c, "options": o, "margins": m, "seconds": s} for (c, o), m, s in results],
-                      f, indent=1)
 
 
 if __name__ == "__main__":
