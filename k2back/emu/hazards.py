@@ -2,18 +2,23 @@
 enough independent instructions (wait states; `s_nop N` counts N + 1) between
 a producer and a consumer, or the consumer reads a stale register.
 
-Sources. The rules are the CDNA3 ISA guide's table "Required independent
-instructions" (MI300 ISA §7.6, *Dependency Resolution*; MI200 ISA §4.5 "Manually
-Inserted Wait States" for the gfx9 rows) and its CDNA4 counterpart, as LLVM's
-`GCNHazardRecognizer.cpp` implements them for gfx942 and gfx950 (read from
-llvm-project main, 2026: `checkMAIHazards90A`, `checkMAIVALUHazards`,
-`checkVALUHazards`, `checkDPPHazards`, `checkRWLaneHazards`,
-`checkDivFMasHazards`, `checkVMEMHazards`, `checkSoftClauseHazards`,
-`checkPermlaneHazards`; pass counts from `SISchedule.td`'s gfx942/gfx950
-models; which features gfx942/gfx950 have from `GCNSubtarget.h`). The guides'
-PDFs were not reachable here; every number below is LLVM's, which is what the
-code we run was compiled against. "Passes" is an MFMA's issue length in 4-cycle
-passes; every MFMA our kernels use is an XDL op.
+Sources. The ISA guides' tables of required independent instructions: AMD
+Instinct MI300 (CDNA3) ISA §4.5 "Manually Inserted Wait States (NOPs)" Tables
+11-12 and §7.5 "Dependency Resolution: Required Independent Instructions" Table
+37; the CDNA4 ISA's §4.5 and §7.6 Table 38 (read in markdown transcriptions of
+the guides; the PDFs were not reachable here). LLVM's `GCNHazardRecognizer.cpp`
+implements them for gfx942 and gfx950 (llvm-project main, 2026:
+`checkMAIHazards90A`, `checkMAIVALUHazards`, `checkVALUHazards`,
+`checkDPPHazards`, `checkRWLaneHazards`, `checkDivFMasHazards`,
+`checkVMEMHazards`, `checkSoftClauseHazards`, `checkPermlaneHazards`; pass
+counts from `SISchedule.td`'s gfx942/gfx950 models; which features each arch
+has from `GCNSubtarget.h`), and the numbers below are LLVM's: they agree with
+the tables where both speak, LLVM is what the code we run was compiled against,
+and where LLVM is stricter we follow it (an SGPR a VALU wrote and a VALU then
+reads as an explicit operand, a carry-in included: LLVM's VDecCoExec rule waits
+2, the table 0 for carry-ins; LLVM counts explicit operands only, so the VCC an
+e32/SDWA/DPP encoding implies is not checked). "Passes" is an MFMA's issue
+length in 4-cycle passes; every MFMA our kernels use is an XDL op.
 
 | consumer | producer | wait states |
 |---|---|---|

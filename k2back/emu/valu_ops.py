@@ -158,16 +158,33 @@ def _ieee_pick(a, b, pick_a, zero_pick_a):
 
 
 def ieee_max(a, b):
+    fast = np.maximum(a, b)
+    if not np.isnan(fast).any():  # numpy's answer but for two zeros: +0 unless both are -0
+        both = (np.asarray(a) == 0) & (np.asarray(b) == 0)
+        if not both.any():
+            return fast
+        return np.where(both, np.where(np.signbit(a) & np.signbit(b), -np.abs(fast), np.abs(fast)), fast)
     return _ieee_pick(a, b, np.asarray(a) >= np.asarray(b), ~np.signbit(a))
 
 
 def ieee_min(a, b):
+    fast = np.minimum(a, b)
+    if not np.isnan(fast).any():  # numpy's answer but for two zeros: -0 unless both are +0
+        both = (np.asarray(a) == 0) & (np.asarray(b) == 0)
+        if not both.any():
+            return fast
+        return np.where(both, np.where(np.signbit(a) | np.signbit(b), -np.abs(fast), np.abs(fast)), fast)
     return _ieee_pick(a, b, np.asarray(a) < np.asarray(b), np.signbit(a))
 
 
 def _med3(a, b, c):
     """V_MED3_F32: with a NaN operand min3 of the three, else the max of the two
     operands that are not the max3."""
+    fast = np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c))
+    if not np.isnan(fast).any():  # numpy's median, unless two operands are zeros (signs)
+        za, zb, zc = (np.asarray(x) == 0 for x in (a, b, c))
+        if not ((za & (zb | zc)) | (zb & zc)).any():
+            return fast
     a, b, c = np.broadcast_arrays(np.asarray(a), np.asarray(b), np.asarray(c))
     top = ieee_max(ieee_max(a, b), c)
     median = np.where(top == a, ieee_max(b, c), np.where(top == b, ieee_max(a, c), ieee_max(a, b)))
@@ -264,7 +281,18 @@ def _div_scale(s0, s1, s2):
     """V_DIV_SCALE_F32/F64: (scaled S0, VCC), the cases in the pseudocode's order."""
     s0, s1, s2 = np.broadcast_arrays(*(np.asarray(x) for x in (s0, s1, s2)))
     dtype = s0.dtype
-    _, mantissa_bits, scale, gap = _DIV[dtype.itemsize]
+    exponent_bits, mantissa_bits, scale, gap = _DIV[dtype.itemsize]
+    e1, e2 = _exponent_field(s1), _exponent_field(s2)
+    top = (1 << exponent_bits) - 1
+    # every lane ordinary (both normal, |S1| < 2^(bias-1), the exponents fewer than the
+    # gap and than bias-2 apart, S2 not tiny): no case applies, D = S0, no VCC
+    ordinary = ((e1 > 0) & (e1 < top - 2) & (e2 > mantissa_bits) & (e2 < top) & (e2 - e1 < gap)
+                & (e2 - e1 > 2 - (top >> 1)))
+    if ordinary.all():
+        return s0.copy(), np.zeros(s0.shape, bool)
+    zero = (s2 == 0) | (s1 == 0)  # the first case, D = NaN: e.g. lanes dividing 0
+    if (ordinary | zero).all():
+        return np.where(zero, np.array(np.nan, dtype), s0), np.zeros(s0.shape, bool)
     with np.errstate(all="ignore"):
         quotient = (s2 / s1).astype(dtype)
         reciprocal_denormal = _denormal(np.float64(1) / s1.astype(np.float64), dtype)
@@ -314,6 +342,9 @@ def _div_fixup(quotient, denominator, numerator):
     size = q.dtype.itemsize
     negative = np.signbit(d) ^ np.signbit(n)
     underflow = _exponent_field(n) - _exponent_field(d) < _UNDERFLOW_GAP[size]
+    if (np.isfinite(d) & np.isfinite(n) & (d != 0) & ~np.isnan(q)).all():  # but 0/y and underflows
+        magnitude = np.where((n == 0) | underflow, np.zeros((), q.dtype), np.abs(q))
+        return np.where(negative, -magnitude, magnitude).astype(q.dtype)
     cases = [
         (np.isnan(n), _quieted(n)),
         (np.isnan(d), _quieted(d)),
