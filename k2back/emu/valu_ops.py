@@ -342,9 +342,15 @@ def _div_fixup(quotient, denominator, numerator):
     size = q.dtype.itemsize
     negative = np.signbit(d) ^ np.signbit(n)
     underflow = _exponent_field(n) - _exponent_field(d) < _UNDERFLOW_GAP[size]
-    if (np.isfinite(d) & np.isfinite(n) & (d != 0) & ~np.isnan(q)).all():  # but 0/y and underflows
-        magnitude = np.where((n == 0) | underflow, np.zeros((), q.dtype), np.abs(q))
-        return np.where(negative, -magnitude, magnitude).astype(q.dtype)
+    if (np.isfinite(d) & np.isfinite(n)).all():  # the cases of finite operands, in order
+        inf, zero = np.array(np.inf, q.dtype), np.zeros((), q.dtype)
+        magnitude = np.where(d == 0, inf, np.where((n == 0) | underflow, zero,
+                                                   np.where(np.isnan(q), inf, np.abs(q))))
+        out = np.where(negative, -magnitude, magnitude)
+        both_zero = (d == 0) & (n == 0)
+        if both_zero.any():
+            out = np.where(both_zero, _DEFAULT_NAN[size], out)
+        return out.astype(q.dtype)
     cases = [
         (np.isnan(n), _quieted(n)),
         (np.isnan(d), _quieted(d)),
