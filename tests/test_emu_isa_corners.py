@@ -74,33 +74,28 @@ def test_pk_mov_b32_op_sel(arch, op_sel, op_sel_hi):
 # --------------------------------------------------------------------------- min / max / med3
 
 
-def isa_max(a: float, b: float, ab: int, bb: int) -> int:
-    """V_MAX_F32, IEEE mode, on bit patterns."""
-    if math.isnan(a) and not ab & 0x400000:
-        return ab | 0x400000
-    if math.isnan(b) and not bb & 0x400000:
-        return bb | 0x400000
+def isa_pick(a: float, b: float, ab: int, bb: int, maximum: bool) -> int:
+    """V_MAX_F32 / V_MIN_F32, IEEE mode, on bit patterns: a signalling NaN quieted,
+    a quiet NaN gives the other operand, +0 > -0."""
+    for x, bits in ((a, ab), (b, bb)):
+        if math.isnan(x) and not bits & 0x400000:
+            return bits | 0x400000
     if math.isnan(a):
         return bb
     if math.isnan(b):
         return ab
     if a == 0 and b == 0 and ab != bb:
-        return ab if ab == 0 else bb  # +0 wins
-    return ab if a >= b else bb
+        positive, negative = (ab, bb) if ab == 0 else (bb, ab)
+        return positive if maximum else negative
+    return ab if (a >= b if maximum else a < b) else bb
+
+
+def isa_max(a: float, b: float, ab: int, bb: int) -> int:
+    return isa_pick(a, b, ab, bb, maximum=True)
 
 
 def isa_min(a: float, b: float, ab: int, bb: int) -> int:
-    if math.isnan(a) and not ab & 0x400000:
-        return ab | 0x400000
-    if math.isnan(b) and not bb & 0x400000:
-        return bb | 0x400000
-    if math.isnan(a):
-        return bb
-    if math.isnan(b):
-        return ab
-    if a == 0 and b == 0 and ab != bb:
-        return ab if ab != 0 else bb  # -0 wins
-    return ab if a < b else bb
+    return isa_pick(a, b, ab, bb, maximum=False)
 
 
 def on_bits(fn, *patterns: int) -> int:
