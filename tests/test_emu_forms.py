@@ -150,6 +150,17 @@ ALU_CASES = {
          ("v25", lambda e: mask_bits(55 < e["a"])),
          ("v26", lambda e: mask_bits(e["a"] != 1)),
          ("v27", lambda e: mask_bits(-1 > signed(e["b"])))]),
+    "SDWA word/byte selects with SGPR src1 (v_and_b32, v_min_u32), v_pk_add_u16 op_sel_hi:[1,0]": (
+        "\n\tv_and_b32_sdwa v20, v1, s4 dst_sel:DWORD dst_unused:UNUSED_PAD src0_sel:WORD_1 src1_sel:DWORD"
+        + "".join(f"\n\tv_min_u32_sdwa v{21 + k}, v1, s6 dst_sel:DWORD dst_unused:UNUSED_PAD "
+                  f"src0_sel:BYTE_{k} src1_sel:DWORD" for k in range(4))
+        + "\n\tv_pk_add_u16 v25, v1, s4 op_sel_hi:[1,0]",
+        [("v20", lambda e: (e["a"] >> U32(16)) & e["s"][0]),
+         *[(f"v{21 + k}", lambda e, k=k: np.minimum((e["a"] >> U32(8 * k)) & U32(0xFF), e["s"][2]))
+           for k in range(4)],
+         # op_sel_hi bit 0 of src1: the high half adds src1's low half
+         ("v25", lambda e: ((e["a"] & U32(0xFFFF)) + (e["s"][0] & U32(0xFFFF))) & U32(0xFFFF)
+          | (((e["a"] >> U32(16)) + (e["s"][0] & U32(0xFFFF))) & U32(0xFFFF)) << U32(16))]),
     "float compares: lg, lt with a constant, neq, u": (
         """
 \tv_cmp_lg_f32_e32 vcc, s5, v3
@@ -563,6 +574,32 @@ def test_lds_forms():
         for column in range(want.shape[1]):
             np.testing.assert_array_equal(out[64 * (slot + column):64 * (slot + column + 1)], want[:, column],
                                           err_msg=f"read {index}, element {column}")
+
+
+def test_lds_byte_forms():
+    """ds_write_b8 with an offset stores a register's low byte; ds_read_i8 with an
+    offset sign-extends the byte it reads."""
+    body = """
+\ts_load_dwordx2 s[2:3], s[0:1], 0x0
+\tv_lshlrev_b32_e32 v10, 2, v0
+\tv_mul_u32_u24_e32 v20, 0x1357, v0
+\tv_mov_b32_e32 v21, 0
+\tds_write_b32 v10, v21 offset:8192
+\tds_write_b8 v10, v20 offset:8193
+\ts_waitcnt lgkmcnt(0)
+\tds_read_i8 v22, v10 offset:8193
+\tds_read_i8 v23, v0 offset:8193
+\ts_waitcnt lgkmcnt(0)
+\tglobal_store_dword v10, v22, s[2:3]
+\tglobal_store_dword v10, v23, s[2:3] offset:256"""
+    out = np.zeros(128, U32)
+    run_handwritten("gfx942", body, out, lds_bytes=16384)
+    written = (LANE * 0x1357) & 0xFF
+    image = np.zeros(256, np.uint8)
+    image[LANE * 4 + 1] = written
+    sign_extend = lambda b: (b.astype(np.int64) ^ 0x80) - 0x80
+    np.testing.assert_array_equal(out[:64], sign_extend(written).astype(U32))
+    np.testing.assert_array_equal(out[64:], sign_extend(image[LANE + 1].astype(U32)).astype(U32))
 
 
 # --------------------------------------------------------------------------- branches
