@@ -194,7 +194,7 @@ class DecodeBack:
                  comp_cache=None, comp_block: int = 0, geometry: str = model.DEFAULT_GEOMETRY,
                  arch: str = "auto", backend: str = "auto", max_tokens: int = 64,
                  qk_scale: float | None = None, swa_fp8: str = "auto", comp_fp8: str = "auto"):
-        from k2back.api import AttentionBack
+        from k2back.api import AttentionBack  # the kernel side: key_table alone needs only torch
 
         self.geometry = model.geometry(geometry)
         rank = self.geometry.rank(tp_size)
@@ -217,6 +217,8 @@ class DecodeBack:
         self.caches = {"swa_cache": _pages(swa_cache), "swa_block": swa_block,
                        "comp_cache": _pages(comp_cache), "comp_block": comp_block}
         self.cos_sin = cos_sin_cache
+        if not isinstance(swa_cache, torch.Tensor):
+            _fail(TypeError, "swa_cache", "a uint8 tensor of pages", type(swa_cache).__name__)
         device = swa_cache.device
         self.key_table = torch.full((max_tokens, rank.keys), F.NO_KEY, dtype=torch.int32,
                                     device=device)
