@@ -71,7 +71,7 @@ class _Pages:
         keys = F.bf16_round(torch.randn(len(slots), HEAD_DIM, generator=g))
         nbytes = F.page_bytes(self.block, pad)
         fill = torch.randint(0, 256, (self.pages, nbytes), generator=g, dtype=torch.uint8)
-        return F.pack_kv_pages(keys, slots, self.block, self.pages, nbytes, fill=fill)
+        return F.pack_kv_pages(keys, slots, self.block, self.pages, page_bytes_=nbytes, fill=fill)
 
 
 def _last_positions(g: torch.Generator, geo, ratio: int, requests: int, max_pos: int) -> list[int]:
