@@ -58,9 +58,10 @@ def emulate(spec, kernel, inputs: dict):
 
 def measure(geometry, tp, tokens, ratio, arch, stage_counts=True) -> dict:
     spec = plan(geometry, tp, tokens, ratio, arch)
-    inputs = testing.make_inputs(geometry, tp, tokens, ratio, seed=0)
+    inputs = testing.make_inputs(geometry, tp, tokens, ratio, seed=0, arch=arch)
     _, valid = gather_keys(*(inputs[k] for k in ("key_table", "key_len", "swa_cache",
-                                                  "swa_block", "comp_cache", "comp_block")))
+                                                  "swa_block", "comp_cache", "comp_block")),
+                           swa_fp8=spec.swa_fp8, comp_fp8=spec.comp_fp8)
     minimum = spec.minimum_bytes(int(valid.sum()))
     row = {"config": f"{geometry} tp{tp} s{tokens} r{ratio} {arch}"}
     previous = 0

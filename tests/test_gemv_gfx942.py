@@ -51,7 +51,7 @@ def test_fp8_mfma_converts_no_element():
                                           ("gfx942", 24), ("gfx950", 9)])
 def test_gemv_wide_bytes_and_block_codes(arch, tokens):
     spec, kernel = build("tiny", 2, tokens, 2, arch, GEMV)
-    inputs = make_inputs("tiny", 2, tokens, 2, seed=20 + tokens)
+    inputs = make_inputs("tiny", 2, tokens, 2, seed=20 + tokens, arch=arch)
     inputs.update(wide_weights(inputs, seed=tokens))
     want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
     scratch = launch.new_scratch(spec, "cpu")

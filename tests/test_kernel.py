@@ -26,6 +26,7 @@ from k2back.codegen.plan import plan
 from k2back.codegen.render import KernelSource
 from k2back.codegen.targets import ARCHS
 from k2back.emu import Machine
+from k2back.formats import VLLM_KEY_FP8
 from k2back.reference import attention_back
 from k2back.runtime import hip, launch
 from k2back.runtime.emu import EmuBackend
@@ -36,14 +37,16 @@ GEMV = ("wo_a", "wo_b")
 
 
 @functools.cache
-def build(geometry: str, tp: int, tokens: int, ratio: int, arch: str, stages=None):
-    spec = plan(geometry, tp, tokens, ratio, arch)
+def build(geometry: str, tp: int, tokens: int, ratio: int, arch: str, stages=None,
+          swa_fp8: str = "auto", comp_fp8: str = "auto"):
+    spec = plan(geometry, tp, tokens, ratio, arch, swa_fp8, comp_fp8)
     return spec, compile_source(KernelSource(spec, stages))
 
 
 @functools.cache
-def reference(geometry: str, tp: int, tokens: int, ratio: int, seed: int, chunk_keys: int):
-    inputs = make_inputs(geometry, tp, tokens, ratio, seed)
+def reference(geometry: str, tp: int, tokens: int, ratio: int, seed: int, chunk_keys: int,
+              arch: str):
+    inputs = make_inputs(geometry, tp, tokens, ratio, seed, arch=arch)
     return inputs, attention_back(**inputs, chunk_keys=chunk_keys, intermediates=True)
 
 
@@ -82,7 +85,9 @@ def check(spec, scratch, out, want, names=("xo", "x8b", "out")):
 
 
 def launch_and_check(geometry, tp, tokens, ratio, arch, inputs, scratch=None, backend=None):
-    spec, kernel = build(geometry, tp, tokens, ratio, arch)
+    """The kernel reading the inputs' key formats, against the reference."""
+    spec, kernel = build(geometry, tp, tokens, ratio, arch, None, inputs["swa_fp8"],
+                         inputs["comp_fp8"])
     want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
     device = "cpu" if backend is None else "cuda"
     scratch = launch.new_scratch(spec, device) if scratch is None else scratch
@@ -97,7 +102,7 @@ FAST = [(arch, tp, ratio, tokens) for arch in sorted(ARCHS) for tp in (1, 2, 4, 
 
 @pytest.mark.parametrize("arch, tp, ratio, tokens", FAST)
 def test_kernel_matches_reference(arch, tp, ratio, tokens):
-    inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp)
+    inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp, arch=arch)
     launch_and_check("tiny", tp, tokens, ratio, arch, inputs)
 
 
@@ -108,7 +113,7 @@ if runtime_status() is None:
 
     @pytest.mark.parametrize("arch, tp, ratio, tokens", [c for c in FAST if c[0] == GPU_ARCH])
     def test_kernel_on_the_gpu(arch, tp, ratio, tokens):
-        inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp)
+        inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp, arch=arch)
         launch_and_check("tiny", tp, tokens, ratio, arch, inputs, backend=hip.HipBackend())
 
 
@@ -139,7 +144,8 @@ EDGES = {
 @pytest.mark.parametrize("edge", EDGES)
 def test_kernel_edge_cases(arch, edge):
     change = EDGES[edge]
-    inputs = make_inputs("tiny", 4, 3, 2, seed=7, **({} if callable(change) else change))
+    inputs = make_inputs("tiny", 4, 3, 2, seed=7, arch=arch,
+                         **({} if callable(change) else change))
     if callable(change):
         inputs.update(change(inputs))
     launch_and_check("tiny", 4, 3, 2, arch, inputs)
@@ -152,9 +158,12 @@ def test_kernel_edge_cases(arch, edge):
     ("gfx942", 4, 16, 2), ("gfx950", 4, 16, 2),
 ])
 def test_kernel_v41_flash(arch, tp, tokens, ratio):
-    inputs = make_inputs("v4.1-flash", tp, tokens, ratio, seed=3)
+    """V4.1-Flash with the defaults: the caches as vLLM writes them on the arch
+    (gfx942: a FNUZ window cache, an OCP compressed one)."""
+    inputs = make_inputs("v4.1-flash", tp, tokens, ratio, seed=3, arch=arch)
     spec, _ = build("v4.1-flash", tp, tokens, ratio, arch)
     assert spec.wo_b.batch  # as the cases promise
+    assert (spec.swa_fp8, spec.comp_fp8) == VLLM_KEY_FP8[arch]
     launch_and_check("v4.1-flash", tp, tokens, ratio, arch, inputs)
 
 
@@ -163,7 +172,7 @@ def test_kernel_v41_flash(arch, tp, tokens, ratio):
                                                      ("gfx942", 8, 33, 1)])
 def test_kernel_many_tokens_and_ratio_1(arch, tp, tokens, ratio):
     """The token limit (4 MFMA token tiles), a partial last tile, ratio 1."""
-    inputs = make_inputs("tiny", tp, tokens, ratio, seed=5)
+    inputs = make_inputs("tiny", tp, tokens, ratio, seed=5, arch=arch)
     launch_and_check("tiny", tp, tokens, ratio, arch, inputs)
 
 
@@ -188,7 +197,8 @@ def test_consumers_scheduled_first(arch):
     """Workgroups started and scheduled in reverse order: the GEMV CTAs (high
     numbers) poll long before any split task ran; the hand-offs still hold."""
     spec, kernel = build("tiny", 4, 3, 2, arch)
-    stats = launch_in_order(spec, kernel, make_inputs("tiny", 4, 3, 2, seed=11), "reverse")
+    stats = launch_in_order(spec, kernel, make_inputs("tiny", 4, 3, 2, seed=11, arch=arch),
+                            "reverse")
     assert stats.total_polls > 0  # someone did wait
 
 
@@ -201,7 +211,7 @@ def test_kernel_split_tasks_of_several_chunks(arch, tp, order, monkeypatch):
     spec = plan("tiny", tp, 3, 2, arch)
     assert (spec.blocks, spec.attention.chunks_per_task, spec.attention.split_tasks) == (4, 2, 3)
     kernel = compile_source(KernelSource(spec))
-    launch_in_order(spec, kernel, make_inputs("tiny", tp, 3, 2, seed=21 + tp), order)
+    launch_in_order(spec, kernel, make_inputs("tiny", tp, 3, 2, seed=21 + tp, arch=arch), order)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -212,7 +222,7 @@ def test_consecutive_launches_share_scratch(arch):
     spec, _ = build("tiny", 4, 3, 2, arch)
     scratch = launch.new_scratch(spec, "cpu")
     for launch_index in range(3):
-        inputs = make_inputs("tiny", 4, 3, 2, seed=100 + launch_index)
+        inputs = make_inputs("tiny", 4, 3, 2, seed=100 + launch_index, arch=arch)
         launch_and_check("tiny", 4, 3, 2, arch, inputs, scratch)
         assert region(spec, scratch, "epoch", torch.int32)[0] == launch_index + 1
 
@@ -235,7 +245,7 @@ def gemv_launch(spec, kernel, inputs, want, scratch, epoch: int):
 @pytest.mark.parametrize("tokens", (1, 3, 17))
 def test_gemv_stages(arch, tp, tokens):
     spec, kernel = build("tiny", tp, tokens, 2, arch, GEMV)
-    inputs, want = reference("tiny", tp, tokens, 2, 0, spec.attention.chunk_keys)
+    inputs, want = reference("tiny", tp, tokens, 2, 0, spec.attention.chunk_keys, arch)
     scratch = launch.new_scratch(spec, "cpu")
     out, _ = gemv_launch(spec, kernel, inputs, want, scratch, epoch=41)
     check(spec, scratch, out, want, ("x8b", "out"))
@@ -251,7 +261,7 @@ def test_gemv_negative_zero_bytes(arch):
     at random (value 0 for the reference too) and every 0 byte of XO written as
     0x80 (same value) must read as 0, or out is NaN."""
     spec, kernel = build("tiny", 2, 3, 2, arch, GEMV)
-    inputs = make_inputs("tiny", 2, 3, 2, seed=4)
+    inputs = make_inputs("tiny", 2, 3, 2, seed=4, arch=arch)
     gen = torch.Generator().manual_seed(4)
     for name in ("wo_a", "wo_b"):
         raw = inputs[name].view(torch.uint8).clone()
@@ -269,7 +279,7 @@ def test_gemv_waits_for_its_flags():
     """A flag left by the previous launch (tag − 1) is not this launch's: the
     GEMVs must not start on it (the emulator reports the deadlock)."""
     spec, kernel = build("tiny", 8, 1, 2, "gfx942", GEMV)
-    inputs, _ = reference("tiny", 8, 1, 2, 0, spec.attention.chunk_keys)
+    inputs, _ = reference("tiny", 8, 1, 2, 0, spec.attention.chunk_keys, "gfx942")
     scratch = launch.new_scratch(spec, "cpu")
     region(spec, scratch, "epoch", torch.int32)[0] = 5
     region(spec, scratch, "combine_flags", torch.int32)[:] = 5  # stale
