@@ -18,6 +18,7 @@ from k2back.codegen.compiler import compile as compile_source
 from k2back.codegen.llvm import parse_arch
 from k2back.codegen.plan import plan
 from k2back.codegen.render import KernelSource
+from k2back.formats import resolve_key_fp8
 from k2back.runtime.emu import EmuBackend
 from k2back.runtime.hip import HipBackend, refuse_during_capture
 
@@ -62,9 +63,11 @@ def build(geometry: str, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: s
     return spec, compile_source(source)
 
 
-def kernel_for(geometry: str, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str,
-               comp_fp8: str):
-    """`build`, once a process: what every launch goes through."""
+def kernel_for(geometry: str, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str = "auto",
+               comp_fp8: str = "auto"):
+    """`build`, once a process: what every launch goes through ("auto"
+    formats resolved first: one kernel however they are named)."""
+    swa_fp8, comp_fp8 = resolve_key_fp8(parse_arch(arch).arch, swa_fp8, comp_fp8)
     key = (geometry, tp, tokens, ratio, arch, swa_fp8, comp_fp8)
     if key not in _KERNELS:
         refuse_during_capture(f"building the kernel for geometry {geometry} tp {tp} "

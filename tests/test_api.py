@@ -256,6 +256,12 @@ def test_opcheck(cache_dir):
                           {**inputs, **fp8_as_bytes, **kwargs})
 
 
+def test_kernel_for_resolves_auto_once():
+    """"auto" and the formats it stands for are one kernel of the process."""
+    named = ops.kernel_for(GEOMETRY, 8, 1, 0, ARCH, "e4m3fnuz", "e4m3fn")
+    assert ops.kernel_for(GEOMETRY, 8, 1, 0, ARCH) is named
+
+
 def test_target_id_features_reach_the_code_object():
     """arch with target-ID features (a device's gcnArchName): the same plan, a
     code object built for those features, its own cache entry."""
