@@ -62,10 +62,6 @@ from k2back import model
 from k2back.codegen.plan import RATIOS
 from k2back.validate import RULES, TensorRule, _check_block, _check_tensor, _fail
 
-# The kernel's byte format of each cache: "auto" = what vLLM writes on the arch.
-FP8_FORMATS = ("auto", "e4m3fn", "e4m3fnuz")
-FP8_ARGS = ("swa_fp8", "comp_fp8")
-
 # vLLM's decode metadata, by the names of `key_table`'s arguments ("S" = the
 # step's tokens T; strided views are fine: only torch reads them).
 METADATA: dict[str, TensorRule] = {
@@ -186,7 +182,7 @@ class DecodeBack:
     ratio 1 or 2, the compressed cache ([pages, page_bytes] or vLLM's
     [pages, block, 584] view) with their records a page.
     swa_fp8 / comp_fp8: each cache's key bytes, "auto" (what vLLM writes on the
-    arch), "e4m3fn" or "e4m3fnuz"; passed on to AttentionBack when not "auto".
+    arch), "e4m3fn" or "e4m3fnuz" (AttentionBack's).
     The key table lives in persistent buffers of max_tokens rows (graph capture)."""
 
     def __init__(self, *, attn_sink, cos_sin_cache, wo_a, wo_a_scale, wo_b, wo_b_scale,
@@ -200,14 +196,9 @@ class DecodeBack:
         rank = self.geometry.rank(tp_size)
         if isinstance(tp_rank, bool) or not isinstance(tp_rank, int) or not 0 <= tp_rank < tp_size:
             _fail(ValueError, "tp_rank", f"an int in 0..{tp_size - 1}", repr(tp_rank))
-        formats = {}
-        for name, value in zip(FP8_ARGS, (swa_fp8, comp_fp8)):
-            if value not in FP8_FORMATS:
-                _fail(ValueError, name, f"one of {FP8_FORMATS}", repr(value))
-            if value != "auto":
-                formats[name] = value
         self.attention = AttentionBack(geometry, tp=tp_size, ratio=ratio, arch=arch,
-                                       max_tokens=max_tokens, backend=backend, **formats)
+                                       max_tokens=max_tokens, backend=backend,
+                                       swa_fp8=swa_fp8, comp_fp8=comp_fp8)
         self.ratio, self.qk_scale = ratio, qk_scale
         shards = _shards(rank)
         self.weights = {name: _rank_share(tensor, *shards[name], rank.tp, tp_rank)

@@ -220,7 +220,7 @@ GEO, TP = "tiny", 8  # 8 heads, one group: the smallest kernel
 def launch_inputs(step, seed: int, geo: str = GEO) -> dict:
     """The step's caches with make_inputs' q, sink, cos/sin and weights."""
     T = step.positions.shape[0]
-    x = make_inputs(geo, TP, T, step.ratio, seed)
+    x = make_inputs(geo, TP, T, step.ratio, seed, arch=ARCH)
     assert int(step.positions.max()) < x["cos_sin"].shape[0]
     return {**x, "positions": step.positions, "swa_cache": step.swa_cache,
             "swa_block": step.swa_block, "comp_cache": step.comp_cache,
@@ -337,7 +337,7 @@ def test_slot_past_a_cache_reads_zeros():
     out = torch.full((len(length), geometry(GEO).hidden), float("nan"), dtype=torch.bfloat16)
     ops.launch({**x, "key_table": table, "key_len": length}, out,
                ops.backend("emu").new_scratch(spec, out.device), geometry=GEO, tp=TP, ratio=2,
-               arch=ARCH)
+               arch=ARCH, swa_fp8=x["swa_fp8"], comp_fp8=x["comp_fp8"])
     assert (out[every] == 0).all()
     zero_page = {f"{name}_cache": torch.cat([x[f"{name}_cache"],
                                              torch.zeros_like(x[f"{name}_cache"][:1])])
@@ -361,7 +361,7 @@ def test_wild_slot_does_not_fault():
     out = torch.full((len(length), geometry(GEO).hidden), float("nan"), dtype=torch.bfloat16)
     ops.launch({**x, "key_table": table, "key_len": length}, out,
                ops.backend("emu").new_scratch(spec, out.device), geometry=GEO, tp=TP, ratio=0,
-               arch=ARCH)
+               arch=ARCH, swa_fp8=x["swa_fp8"], comp_fp8=x["comp_fp8"])
     others = torch.arange(len(length)) != t
     compare("out", out[others], attention_back(
         **{**x, "key_table": table[others], "key_len": length[others],
@@ -440,7 +440,8 @@ def test_full_model_tensors_sliced_at_the_rank():
     make_inputs cuts; vLLM's 3-d cache view keeps its page stride."""
     step = draw_step(GEO, 2, seed=41)
     rank = 5
-    full, mine = make_inputs(GEO, 1, 2, 2, seed=3), make_inputs(GEO, TP, 2, 2, seed=3, rank=rank)
+    full = make_inputs(GEO, 1, 2, 2, seed=3, arch=ARCH)
+    mine = make_inputs(GEO, TP, 2, 2, seed=3, rank=rank, arch=ARCH)
     block = step.swa_block
     pages = step.swa_cache[:, :block * F.KV_RECORD_BYTES].view(-1, block, F.KV_RECORD_BYTES)
     back = decode_back(step, full, tp_rank=rank, swa_cache=pages,
@@ -452,7 +453,7 @@ def test_full_model_tensors_sliced_at_the_rank():
     assert back.caches["swa_cache"].data_ptr() == step.swa_cache.data_ptr()
 
 
-def test_fp8_formats_passed_on_only_when_given(monkeypatch):
+def test_fp8_formats_passed_on(monkeypatch):
     seen = {}
 
     class Recorder:
@@ -463,10 +464,11 @@ def test_fp8_formats_passed_on_only_when_given(monkeypatch):
     step = draw_step(GEO, 2, seed=42)
     x = launch_inputs(step, 42)
     decode_back(step, x)
-    assert "swa_fp8" not in seen and "comp_fp8" not in seen
-    decode_back(step, x, swa_fp8="e4m3fnuz", comp_fp8="auto")
-    assert seen["swa_fp8"] == "e4m3fnuz" and "comp_fp8" not in seen
-    for name in kv.FP8_ARGS:
+    assert (seen["swa_fp8"], seen["comp_fp8"]) == ("auto", "auto")
+    decode_back(step, x, swa_fp8="e4m3fnuz", comp_fp8="e4m3fn")
+    assert (seen["swa_fp8"], seen["comp_fp8"]) == ("e4m3fnuz", "e4m3fn")
+    monkeypatch.undo()
+    for name in ("swa_fp8", "comp_fp8"):
         with pytest.raises(ValueError, match=name):
             decode_back(step, x, **{name: "fnuz"})
     with pytest.raises(ValueError, match="tp_rank"):

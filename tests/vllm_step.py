@@ -65,13 +65,15 @@ class _Pages:
     def slot(self, request: int, row: int) -> int:
         return int(self.table[request, row // self.block]) * self.block + row % self.block
 
-    def cache(self, g: torch.Generator, pad: int) -> torch.Tensor:
-        """Every record of every page a random bf16 key; padding random bytes."""
+    def cache(self, g: torch.Generator, pad: int, writer: F.KvWriter) -> torch.Tensor:
+        """Every record of every page a random bf16 key as `writer` writes it;
+        padding random bytes."""
         slots = torch.arange(self.pages * self.block)
         keys = F.bf16_round(torch.randn(len(slots), HEAD_DIM, generator=g))
         nbytes = F.page_bytes(self.block, pad)
         fill = torch.randint(0, 256, (self.pages, nbytes), generator=g, dtype=torch.uint8)
-        return F.pack_kv_pages(keys, slots, self.block, self.pages, page_bytes_=nbytes, fill=fill)
+        return F.pack_kv_pages(keys, slots, self.block, self.pages, writer, page_bytes_=nbytes,
+                               fill=fill)
 
 
 def _last_positions(g: torch.Generator, geo, ratio: int, requests: int, max_pos: int) -> list[int]:
@@ -86,8 +88,10 @@ def _last_positions(g: torch.Generator, geo, ratio: int, requests: int, max_pos:
 
 def draw_step(geometry_name: str, ratio: int, seed: int, *, requests: int = 4,
               max_pos: int | None = None, padded: int = 2, block_sizes=(16, 32),
-              comp_block_sizes=(4, 8, 16)) -> Step:
+              comp_block_sizes=(4, 8, 16), arch: str = "gfx950") -> Step:
+    """A step whose caches hold the bytes vLLM's writers write on `arch`."""
     geo = geometry(geometry_name)
+    swa_writer, comp_writer = F.cache_writers(arch, *F.resolve_key_fp8(arch))
     g = torch.Generator().manual_seed(seed)
     pick = lambda values: values[int(torch.randint(0, len(values), (1,), generator=g))]
     max_pos = max_pos or 2 * (geo.window + geo.topk * max(ratio, 1))
@@ -115,8 +119,8 @@ def draw_step(geometry_name: str, ratio: int, seed: int, *, requests: int = 4,
                       if ratio else None),
         comp_block_table=comp.table if ratio else None,
         token_to_req=torch.zeros(T, dtype=torch.int32),
-        swa_cache=swa.cache(g, pick((0, 1))), swa_block=swa_block,
-        comp_cache=comp.cache(g, pick((0, 1))) if ratio else None, comp_block=comp_block,
+        swa_cache=swa.cache(g, pick((0, 1)), swa_writer), swa_block=swa_block,
+        comp_cache=comp.cache(g, pick((0, 1)), comp_writer) if ratio else None, comp_block=comp_block,
         ratio=ratio)
     for t, row in enumerate(rows):
         if row is None:  # a padded row: slot -1, everything else stale
