@@ -7,6 +7,9 @@ emulator on make_inputs' launch arguments, against the reference of record
   slow suite on V4.1-Flash; three launches on one scratch buffer (epoch).
 - GEMV half alone: scratch's XO filled from the reference, the combine flags
   set with the launch's tag, a kernel rendered with only wo_a and wo_b.
+- Hand-off mutants: the kernel with each fence of its hand-offs weakened, or the
+  flag stored before its data's s_waitcnt, fails in the emulator's strict memory
+  model (as it may fail on the GPU).
 - Requirements read from the code object: no scratch or spills, LDS budget,
   512 threads, 16-B weight loads issued before the first flag poll, MFMA.
 """
@@ -21,6 +24,7 @@ import re
 import pytest
 import torch
 
+from k2back.codegen.compiler import IRSource
 from k2back.codegen.compiler import compile as compile_source
 from k2back.codegen.plan import plan
 from k2back.codegen.render import KernelSource
@@ -84,10 +88,13 @@ def check(spec, scratch, out, want, names=("xo", "x8b", "out")):
 # --------------------------------------------------------------------------- whole kernel
 
 
-def launch_and_check(geometry, tp, tokens, ratio, arch, inputs, scratch=None, backend=None):
-    """The kernel reading the inputs' key formats, against the reference."""
-    spec, kernel = build(geometry, tp, tokens, ratio, arch, None, inputs["swa_fp8"],
-                         inputs["comp_fp8"])
+def launch_and_check(geometry, tp, tokens, ratio, arch, inputs, scratch=None, backend=None,
+                     kernel=None):
+    """The kernel reading the inputs' key formats (or `kernel`, a stand-in
+    built from the same spec), against the reference."""
+    spec, built = build(geometry, tp, tokens, ratio, arch, None, inputs["swa_fp8"],
+                        inputs["comp_fp8"])
+    kernel = built if kernel is None else kernel
     want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
     device = "cpu" if backend is None else "cuda"
     scratch = launch.new_scratch(spec, device) if scratch is None else scratch
@@ -227,6 +234,73 @@ def test_consecutive_launches_share_scratch(arch):
         assert region(spec, scratch, "epoch", torch.int32)[0] == launch_index + 1
 
 
+# --------------------------------------------------------------------------- hand-off mutants
+#
+# Each hand-off (handoff.ll.j2) is: data stores; publish = agent-scope release
+# fence (buffer_wbl2 sc1 + s_waitcnt vmcnt(0)), barrier, flag store; await = poll,
+# barrier, agent-scope acquire fence (s_waitcnt + buffer_inv sc1). Weakening any of
+# it must make the kernel fail under the strict memory model, on both archs.
+
+AGENT_RELEASE = '  fence syncscope("agent") release\n'
+AGENT_ACQUIRE = 'fence syncscope("agent") acquire'
+# a publish: the release fence and the barrier, then thread 0's flag store up to <out>.done
+PUBLISH = re.compile(r'(  fence syncscope\("agent"\) release\n(?:  ;[^\n]*\n)?(?:  [^\n]*\n){3})'
+                     r'(  %(\S+)\.first = icmp eq i32 %tid, 0\n.*?\n\3\.done:\n)', re.DOTALL)
+
+
+def _without_buffer_inv(asm: str) -> str:
+    return "\n".join(ln for ln in asm.splitlines() if ln.strip() != "buffer_inv sc1")
+
+
+IR_MUTANTS = {
+    "release fence at workgroup scope": lambda ir: ir.replace(AGENT_RELEASE, AGENT_RELEASE.replace("agent", "workgroup")),
+    "acquire fence at workgroup scope": lambda ir: ir.replace(AGENT_ACQUIRE, AGENT_ACQUIRE.replace("agent", "workgroup")),
+    "release fence deleted": lambda ir: ir.replace(AGENT_RELEASE, ""),
+    # thread 0 stores the flag, then the release fence and the barrier run
+    "flag stored before its data's s_waitcnt": lambda ir: PUBLISH.sub(lambda m: m[2] + m[1], ir),
+}
+MUTANTS = [*IR_MUTANTS, "acquire-side buffer_inv removed"]
+
+
+def mutant(spec, kernel, name):
+    """The kernel with the hand-off edit `name` applied (to the IR, recompiled, or
+    to the asm the emulator runs); checks the edit changed the code."""
+    if name in IR_MUTANTS:
+        ir = IR_MUTANTS[name](kernel.ir)
+        assert ir != kernel.ir, name
+        edited = compile_source(IRSource(ir, kernel.name, spec.arch))
+    else:
+        edited = dataclasses.replace(kernel, asm=_without_buffer_inv(kernel.asm))
+    assert edited.asm != kernel.asm, name
+    return edited
+
+
+def flags_before_release(asm: str) -> int:
+    """Flag stores (global stores with sc1) issued after a barrier and before the
+    buffer_wbl2 of the release that follows it: none in a correct publish."""
+    count, window = 0, 0
+    for ln in asm_lines_of(asm):
+        if ln == "s_barrier":
+            window = 0
+        elif re.match(r"global_store_dword .* sc1$", ln):
+            window += 1
+        elif ln == "buffer_wbl2 sc1":
+            count, window = count + window, 0
+    return count
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("name", MUTANTS)
+def test_weakened_handoff_fails(arch, name):
+    spec, kernel = build("tiny", 4, 3, 2, arch)
+    edited = mutant(spec, kernel, name)
+    if name.startswith("flag stored"):  # in the asm the flag store now precedes the wait
+        assert flags_before_release(kernel.asm) == 0 < flags_before_release(edited.asm)
+    inputs = make_inputs("tiny", 4, 3, 2, seed=7, arch=arch)
+    with pytest.raises(AssertionError, match="outside tolerance"):
+        launch_and_check("tiny", 4, 3, 2, arch, inputs, kernel=edited)
+
+
 # --------------------------------------------------------------------------- GEMV half
 
 
@@ -291,7 +365,11 @@ def test_gemv_waits_for_its_flags():
 
 
 def asm_lines(kernel) -> list[str]:
-    return [ln.strip() for ln in kernel.asm.splitlines() if ln.startswith("\t") and not ln.startswith("\t.")]
+    return asm_lines_of(kernel.asm)
+
+
+def asm_lines_of(asm: str) -> list[str]:
+    return [ln.strip() for ln in asm.splitlines() if ln.startswith("\t") and not ln.startswith("\t.")]
 
 
 def first(lines, pattern) -> int:
