@@ -49,7 +49,8 @@ What each level keeps, and what a read returns:
   coherent for it: every L2's dirty bytes there are written back and its own
   stale copies dropped; a store performed into a line some wave sleeps on is
   written back at once and wakes the sleeper. Flags arrive as early as allowed,
-  everything else as late as allowed.
+  everything else as late as allowed. (A poll loop that never sleeps gets no such
+  help and ends in Deadlock: harsher than the GPU; our kernels sleep between polls.)
 - Kernel boundaries: the launch starts with empty caches (the CP invalidates them
   at dispatch [LLVM]) and ends by writing every L2 back (the end-of-kernel
   release), so memory is what the next launch and the host see.
