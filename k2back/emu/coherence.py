@@ -286,8 +286,7 @@ class IdealMemory:
         MemoryFault); the buffers it writes are marked and count the bytes."""
         for region, _, offsets in self.memory.locate(addresses, size, who):
             region.written += offsets.size * size
-            if not region.touched:
-                region.touched = True
+            region.touched = True
 
     def load(self, w, addresses, size: int, who, through_l1: bool) -> np.ndarray:
         return self.memory.read(addresses, size, who)

@@ -55,7 +55,9 @@ SGPR_BIT = 512  # scoreboard bits: unified VGPR/AGPR rows 0.., then SGPRs
 
 class Op:
     """One outstanding memory instruction: the registers its return writes (`dst`,
-    a bit mask), and for a store what it writes until it is performed (`done`)."""
+    a bit mask) and, until it is performed (`done`), what it still has to do: a
+    store's bytes (`flat` addresses, `values`), an LDS store's (write, args) or a
+    write-back's scope (True: agent or system) in `perform`."""
 
     __slots__ = ("done", "dst", "flat", "ins", "kind", "perform", "values")
 
