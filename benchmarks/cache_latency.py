@@ -23,6 +23,7 @@ import torch
 
 from k2back import ops
 from k2back.api import AttentionBack
+from k2back.formats import resolve_key_fp8
 from k2back.runtime import launch
 from k2back.testing import make_inputs
 from k2back.validate import validate_launch
@@ -68,13 +69,13 @@ def main() -> None:
     parser.add_argument("--arch", default="gfx942")
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
-    config = (args.geometry, args.tp, args.tokens, args.ratio, args.arch)
+    config = (args.geometry, args.tp, args.tokens, args.ratio, args.arch, *resolve_key_fp8(args.arch))
 
     os.environ.setdefault("K2BACK_CACHE_DIR", tempfile.mkdtemp(prefix="k2back-bench-"))
     start = time.perf_counter()
     spec, kernel = ops.kernel_for(*config)
     cold = time.perf_counter() - start
-    inputs = make_inputs(args.geometry, args.tp, args.tokens, args.ratio, seed=0)
+    inputs = make_inputs(args.geometry, args.tp, args.tokens, args.ratio, seed=0, arch=args.arch)
     layer = AttentionBack(args.geometry, tp=args.tp, ratio=args.ratio, arch=args.arch,
                           backend="emu")
     rank = layer.rank

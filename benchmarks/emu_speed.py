@@ -120,7 +120,7 @@ def k2_tiny(arch):
 
     spec = plan("tiny", 1, 16, 2, arch)
     kernel = compile_source(KernelSource(spec))
-    inputs = testing.make_inputs("tiny", 1, 16, 2, seed=0)
+    inputs = testing.make_inputs("tiny", 1, 16, 2, seed=0, arch=arch)
     qk_scale = inputs.pop("qk_scale")
     out = torch.empty((spec.tokens, spec.hidden), dtype=torch.bfloat16)
     scratch = launch.new_scratch(spec, "cpu")

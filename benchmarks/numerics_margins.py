@@ -65,7 +65,7 @@ def _one_launch(job, arch, tp, ratio, tokens, options):
 
     with single_thread():
         spec, kernel = build("tiny", tp, tokens, ratio, arch)
-        inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp)
+        inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp, arch=arch)
         want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
         scratch = launch.new_scratch(spec, "cpu")
         start = time.perf_counter()

@@ -17,6 +17,7 @@ from dataclasses import astuple, dataclass
 from pathlib import Path
 
 from k2back import knobs, model
+from k2back.formats import FP8_CHOICES
 
 log = logging.getLogger("k2back")
 
@@ -30,10 +31,12 @@ class Config:
     tokens: int
     ratio: int
     arch: str
+    swa_fp8: str
+    comp_fp8: str
 
     def __str__(self) -> str:
         return (f"{self.geometry} tp={self.tp} tokens={self.tokens} ratio={self.ratio} "
-                f"arch={self.arch}")
+                f"arch={self.arch} swa_fp8={self.swa_fp8} comp_fp8={self.comp_fp8}")
 
 
 def int_list(text: str) -> list[int]:
@@ -62,34 +65,49 @@ def name_list(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
 
 
-# flag -> (parser of its text, default, help)
+def fp8_list(text: str) -> list[str]:
+    names = name_list(text)
+    if not names or any(n not in FP8_CHOICES for n in names):
+        raise argparse.ArgumentTypeError(f"expected {', '.join(FP8_CHOICES)} or a comma list, "
+                                         f"got {text!r}")
+    return names
+
+
+# Config field -> (parser of its flag's text, default, help); the flag is --field-name
 CONFIG_FLAGS = {
     "geometry": (name_list, model.DEFAULT_GEOMETRY, f"one of {sorted(model.GEOMETRIES)}"),
     "arch": (name_list, None, "gfx942, gfx950 (with optional target-ID features)"),
     "tp": (int_list, None, f"tensor-parallel degree, of {model.TP_DEGREES}"),
     "ratio": (int_list, None, "KV compression ratio: 0 = window-only layer, 1, 2"),
     "tokens": (int_list, None, "tokens S of a launch: 5, 1-48 or 1,2,4"),
+    "swa_fp8": (fp8_list, "auto", ("byte format of swa_cache: e4m3fn (OCP), e4m3fnuz, or auto "
+                                   "(what vLLM writes on the arch: FNUZ on gfx942)")),
+    "comp_fp8": (fp8_list, "auto", "byte format of comp_cache, as --swa-fp8 (auto: OCP)"),
 }
+
+
+def flag(field: str) -> str:
+    return "--" + field.replace("_", "-")
 
 
 def add_config_flags(parser: argparse.ArgumentParser, lists: bool) -> None:
     group = parser.add_argument_group(
         "configuration" + (" (comma lists and ranges allowed)" if lists else " (one value each)"))
-    for flag, (parse, default, doc) in CONFIG_FLAGS.items():
-        group.add_argument(f"--{flag}", type=parse, required=default is None,
+    for field, (parse, default, doc) in CONFIG_FLAGS.items():
+        group.add_argument(flag(field), dest=field, type=parse, required=default is None,
                            default=None if default is None else parse(default), help=doc)
 
 
 def configs(args) -> list[Config]:
-    lists = {flag: getattr(args, flag) for flag in CONFIG_FLAGS}
+    lists = {field: getattr(args, field) for field in CONFIG_FLAGS}
     return [Config(**dict(zip(lists, values))) for values in itertools.product(*lists.values())]
 
 
 def one_config(parser: argparse.ArgumentParser, args) -> Config:
-    for flag in CONFIG_FLAGS:
-        if len(getattr(args, flag)) != 1:
-            parser.error(f"--{flag}: `{args.command}` takes one configuration, "
-                         f"got {getattr(args, flag)}")
+    for field in CONFIG_FLAGS:
+        if len(getattr(args, field)) != 1:
+            parser.error(f"{flag(field)}: `{args.command}` takes one configuration, "
+                         f"got {getattr(args, field)}")
     return configs(args)[0]
 
 
@@ -224,7 +242,8 @@ def cmd_verify(parser, args) -> int:
     from k2back.testing import compare, make_inputs
 
     spec, kernel = ops.build(*astuple(config))
-    inputs = make_inputs(config.geometry, config.tp, config.tokens, config.ratio, args.seed)
+    inputs = make_inputs(config.geometry, config.tp, config.tokens, config.ratio, args.seed,
+                         arch=spec.arch, swa_fp8=spec.swa_fp8, comp_fp8=spec.comp_fp8)
     want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
     if args.perturb:  # a reference that differs from any correct kernel
         want["out"] = want["out"] * 1.25

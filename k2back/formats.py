@@ -222,14 +222,144 @@ def bf16_round(x: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------
+# The key caches' fp8 (SPEC §1 "Which fp8 the key bytes are")
+#
+# Two vLLM kernels write the two caches, and on gfx942 they disagree: the C++
+# insert writes the window cache as FNUZ e4m3 with codes computed from 224,
+# the Triton compressor writes OCP e4m3fn with codes from 448. A FNUZ record
+# holds the bytes an OCP writer would write for the same keys (FNUZ byte b is
+# worth half OCP byte b, and 224 is half 448) with every code one higher, but
+# -0: FNUZ has none and writes 0x00. Read with the other format, every key is
+# off by a factor of 2.
+
+KEY_FP8 = {"e4m3fn": E4M3FN, "e4m3fnuz": E4M3FNUZ}  # a cache's byte format by name
+FP8_CHOICES = (*KEY_FP8, "auto")  # what swa_fp8 / comp_fp8 accept
+# arch -> (window cache, compressed cache): what vLLM writes there ("auto")
+VLLM_KEY_FP8 = {
+    "gfx942": ("e4m3fnuz", "e4m3fn"),
+    "gfx950": ("e4m3fn", "e4m3fn"),
+}
+
+
+def check_fp8(name: str, value) -> str:
+    """`value` if it is one of FP8_CHOICES, else ValueError naming `name`."""
+    if value not in FP8_CHOICES:
+        raise ValueError(f"{name}: expected one of {FP8_CHOICES}, got {value!r}")
+    return value
+
+
+def resolve_key_fp8(arch: str | None, swa_fp8: str = "auto",
+                    comp_fp8: str = "auto") -> tuple[str, str]:
+    """The byte formats of (swa_cache, comp_cache): each "e4m3fn" or
+    "e4m3fnuz" as given, or "auto" = what vLLM writes on `arch` (a plain
+    processor name). ValueError naming the argument otherwise."""
+    vllm = VLLM_KEY_FP8.get(arch)
+    resolved = []
+    for name, value, default in (("swa_fp8", swa_fp8, vllm and vllm[0]),
+                                 ("comp_fp8", comp_fp8, vllm and vllm[1])):
+        check_fp8(name, value)
+        if value == "auto" and default is None:
+            raise ValueError(f"{name}: 'auto' means what vLLM writes on the arch, which needs "
+                             f"arch= one of {sorted(VLLM_KEY_FP8)}, got {arch!r}")
+        resolved.append(default if value == "auto" else value)
+    return resolved[0], resolved[1]
+
+
+# ---------------------------------------------------------------------------
 # fp8_ds_mla KV pages (vLLM's V4 layout, 584 B a token)
 
-KV_DATA_BYTES = NOPE_DIM + 2 * ROPE_DIM  # 448 e4m3fn + 64 bf16 = 576
+KV_DATA_BYTES = NOPE_DIM + 2 * ROPE_DIM  # 448 e4m3 + 64 bf16 = 576
 KV_SCALE_BYTES = 8  # 7 UE8M0 codes + a pad byte
 KV_RECORD_BYTES = KV_DATA_BYTES + KV_SCALE_BYTES  # 584
 KV_SCALE_GROUP = 64  # nope dims a scale code covers
 KV_SCALES = NOPE_DIM // KV_SCALE_GROUP  # 7
 PAGE_ALIGN = KV_DATA_BYTES  # vLLM pads a page to a multiple of 576 B
+KV_AMAX_FLOOR = float(torch.tensor(1e-4, dtype=torch.float32))  # the writers' fmaxf(amax, 1e-4f)
+KV_CODE_MAX = 255  # the writers clamp codes to [0, 255] (E8M0's NaN included) ...
+KV_CODE_MAX_SANITIZED = 254  # ... but the compressor on gfx950, which stops at 254
+
+
+@dataclass(frozen=True)
+class KvWriter:
+    """How a vLLM insert kernel writes a key's nope dims (SPEC §1): with
+    x the bf16 key values of a 64-dim block, amax = max |x| ignoring NaN,
+    e = ceil(log2(max(amax, 1e-4) / max)), code = clamp(e + 127, 0, code_max),
+    byte = fmt_RNE(clamp(x · 2^-e, ±max)).
+
+    Beyond SPEC, from the writers' sources: the clamp is fminf(fmaxf(.)), so
+    a NaN x (and an inf one, inf · 2^-inf) is written as -max; an inf amax
+    makes e = +inf, every finite x of the block 0 and the code code_max."""
+
+    fmt: Fp8Format
+    max: float  # 224 (FNUZ: vLLM's FNUZ pipeline stops there) or 448
+    code_max: int = KV_CODE_MAX
+
+    @property
+    def max_exponent(self) -> int:
+        """max = 0.875 · 2^max_exponent."""
+        return int(math.log2(self.max / _E4M3FN_MAX_FRAC))
+
+
+def kv_writer(fp8: str, code_max: int = KV_CODE_MAX) -> KvWriter:
+    """The writer of `fp8` bytes: FNUZ as the C++ insert on gfx942 (max 224),
+    OCP as the insert elsewhere and the compressor (max 448; code_max 254 for
+    the compressor on gfx950)."""
+    fmt = KEY_FP8[fp8]
+    return KvWriter(fmt, GFX942_QUANT_MAX if fmt is E4M3FNUZ else E4M3FN.max, code_max)
+
+
+# arch -> the code clamp of vLLM's compressor there (its SANITIZE_CACHE_NANS on gfx950)
+VLLM_COMP_CODE_MAX = {"gfx942": KV_CODE_MAX, "gfx950": KV_CODE_MAX_SANITIZED}
+
+
+def cache_writers(arch: str | None, swa_fp8: str, comp_fp8: str) -> tuple[KvWriter, KvWriter]:
+    """The writers of (swa_cache, comp_cache) as vLLM runs them on `arch`
+    (None: no arch-specific code clamp), writing the given formats."""
+    return kv_writer(swa_fp8), kv_writer(comp_fp8, VLLM_COMP_CODE_MAX.get(arch, KV_CODE_MAX))
+
+
+def kv_exponent(amax: torch.Tensor, writer: KvWriter) -> torch.Tensor:
+    """e = ceil(log2(max(amax, 1e-4) / writer.max)) exactly (fp32 float; +inf
+    for an inf amax; NaN amax counts as 0): with max(amax, 1e-4) = m·2^k,
+    m in [0.5, 1), and max = 0.875·2^M, e = k − M + [m > 0.875]."""
+    a = _nan_to_zero(amax.float()).clamp(min=KV_AMAX_FLOOR)
+    m, k = torch.frexp(a)
+    e = (k - writer.max_exponent + (m > _E4M3FN_MAX_FRAC).to(k.dtype)).float()
+    return torch.where(torch.isinf(a), a, e)
+
+
+def kv_quantize(keys: torch.Tensor, writer: KvWriter) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys [..., 512] -> (data bytes [..., 576], codes [..., 7]) as `writer`
+    writes them: bf16 values first, then the nope dims by 64-dim blocks, the
+    rope dims as bf16."""
+    x = bf16_round(keys)
+    blocks = x[..., :NOPE_DIM].reshape(*x.shape[:-1], KV_SCALES, KV_SCALE_GROUP)
+    e = kv_exponent(_nan_to_zero(blocks.abs()).amax(-1, keepdim=True), writer)
+    code = (e + UE8M0_BIAS).clamp(0, writer.code_max).to(torch.uint8)
+    inf = torch.isinf(e)
+    factor = torch.where(inf, 0.0, _pow2(-torch.where(inf, 0.0, e)))  # exp2f(-e): 0 at e = inf
+    scaled = blocks * factor
+    scaled = torch.where(torch.isnan(scaled), -writer.max, scaled)  # fminf(fmaxf(NaN, -max), max)
+    nope = fp8_encode(scaled, replace(writer.fmt, max=writer.max)).reshape(*x.shape[:-1], NOPE_DIM)
+    rope = x[..., NOPE_DIM:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    return torch.cat([nope, rope], dim=-1), code[..., 0]
+
+
+def kv_scale(code: torch.Tensor) -> torch.Tensor:
+    """A KV block's factor as vLLM's decoder computes it: exp2(code − 127) in
+    fp32 (code 255 gives inf, unlike E8M0's NaN: see ue8m0_scale)."""
+    return _pow2(code.to(torch.int32) - UE8M0_BIAS)
+
+
+def kv_dequantize(data: torch.Tensor, codes: torch.Tensor, fp8: str) -> torch.Tensor:
+    """(data [..., 576], codes [..., 7]) of `fp8` bytes -> fp32 keys [..., 512]
+    as vLLM's decoder reads them: fp8(byte) · exp2(code − 127) in fp32, rope
+    dims as bf16, then every NaN (a NaN byte: OCP 0x7F/0xFF, FNUZ 0x80; 0 ·
+    inf under code 255; a NaN rope value) as 0. Exact in bf16 for codes >= 3."""
+    v = fp8_decode(data[..., :NOPE_DIM], KEY_FP8[fp8])
+    scale = kv_scale(codes).repeat_interleave(KV_SCALE_GROUP, -1)
+    rope = data[..., NOPE_DIM:].contiguous().view(torch.bfloat16).float()
+    return _nan_to_zero(torch.cat([v * scale, rope], dim=-1))
 
 
 def page_bytes(block: int, extra_pages_of_576: int = 0) -> int:
@@ -244,42 +374,29 @@ def slot_location(slot: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.T
     return slot // block, slot % block
 
 
-def kv_quantize(keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys [..., 512] -> (data bytes [..., 576], scale codes [..., 7]) by the
-    writer's rule: nope dims MXFP8-like over 64 dims, rope dims as bf16."""
-    nope, codes = mx_quantize(keys[..., :NOPE_DIM], KV_SCALE_GROUP)
-    rope = keys[..., NOPE_DIM:].to(torch.bfloat16).contiguous().view(torch.uint8)
-    return torch.cat([nope, rope], dim=-1), codes
-
-
-def kv_dequantize(data: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """(data [..., 576], codes [..., 7]) -> fp32 keys [..., 512] (exact in bf16)."""
-    nope = mx_dequantize(data[..., :NOPE_DIM], codes, KV_SCALE_GROUP)
-    rope = data[..., NOPE_DIM:].contiguous().view(torch.bfloat16).float()
-    return torch.cat([nope, rope], dim=-1)
-
-
 def _record_columns(block: int, row: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Byte columns of rows' data and scale codes inside their page."""
     data = row[..., None] * KV_DATA_BYTES + torch.arange(KV_DATA_BYTES, device=row.device)
     scale = (block * KV_DATA_BYTES + row[..., None] * KV_SCALE_BYTES
-             + torch.arange(KV_SCALES, device=row.device))
+             + torch.arange(KV_SCALE_BYTES, device=row.device))
     return data, scale
 
 
-def pack_kv(cache: torch.Tensor, block: int, slots: torch.Tensor, keys: torch.Tensor) -> None:
-    """Write keys [n, 512] at slots [n] of a uint8 [pages, page_bytes] cache
-    (quantized by the writer's rule). Scale pad bytes and page padding are left
-    as they are, as vLLM leaves them."""
-    data, codes = kv_quantize(keys)
+def pack_kv(cache: torch.Tensor, block: int, slots: torch.Tensor, keys: torch.Tensor,
+            writer: KvWriter) -> None:
+    """Write keys [n, 512] at slots [n] of a uint8 [pages, page_bytes] cache,
+    as `writer` does: data, the 7 codes and a pad byte of 0. Page padding is
+    left as it is."""
+    data, codes = kv_quantize(keys, writer)
     page, row = slot_location(slots.long(), block)
     dcol, scol = _record_columns(block, row)
     cache[page[:, None], dcol] = data
-    cache[page[:, None], scol] = codes
+    cache[page[:, None], scol] = torch.cat([codes, torch.zeros_like(codes[:, :1])], dim=-1)
 
 
 def pack_kv_pages(keys: torch.Tensor, slots: torch.Tensor, block: int, pages: int,
-                  page_bytes_: int | None = None, fill: torch.Tensor | None = None) -> torch.Tensor:
+                  writer: KvWriter, page_bytes_: int | None = None,
+                  fill: torch.Tensor | None = None) -> torch.Tensor:
     """A fresh uint8 [pages, page_bytes] cache holding keys at slots. Bytes no
     record owns are `fill`'s (default zeros)."""
     nbytes = page_bytes(block) if page_bytes_ is None else page_bytes_
@@ -288,7 +405,7 @@ def pack_kv_pages(keys: torch.Tensor, slots: torch.Tensor, block: int, pages: in
                          f"{block * KV_RECORD_BYTES} for block {block}, got {nbytes}")
     cache = (torch.zeros(pages, nbytes, dtype=torch.uint8) if fill is None
              else fill.reshape(pages, nbytes).clone())
-    pack_kv(cache, block, slots, keys)
+    pack_kv(cache, block, slots, keys, writer)
     return cache
 
 
@@ -296,12 +413,12 @@ def read_kv(cache: torch.Tensor, block: int, slots: torch.Tensor) -> tuple[torch
     """Raw records at slots (any shape): (data [..., 576], codes [..., 7])."""
     page, row = slot_location(slots.long(), block)
     dcol, scol = _record_columns(block, row)
-    return cache[page[..., None], dcol], cache[page[..., None], scol]
+    return cache[page[..., None], dcol], cache[page[..., None], scol[..., :KV_SCALES]]
 
 
-def unpack_kv(cache: torch.Tensor, block: int, slots: torch.Tensor) -> torch.Tensor:
-    """Dequantized keys at slots (any shape) -> fp32 [..., 512]."""
-    return kv_dequantize(*read_kv(cache, block, slots))
+def unpack_kv(cache: torch.Tensor, block: int, slots: torch.Tensor, fp8: str) -> torch.Tensor:
+    """Keys at slots (any shape) of a cache of `fp8` bytes -> fp32 [..., 512]."""
+    return kv_dequantize(*read_kv(cache, block, slots), fp8)
 
 
 # ---------------------------------------------------------------------------

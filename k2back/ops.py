@@ -18,6 +18,7 @@ from k2back.codegen.compiler import compile as compile_source
 from k2back.codegen.llvm import parse_arch
 from k2back.codegen.plan import plan
 from k2back.codegen.render import KernelSource
+from k2back.formats import resolve_key_fp8
 from k2back.runtime.emu import EmuBackend
 from k2back.runtime.hip import HipBackend, refuse_during_capture
 
@@ -25,7 +26,8 @@ from k2back.runtime.hip import HipBackend, refuse_during_capture
 BACKENDS = {"emu": EmuBackend, "hip": HipBackend}
 DEVICE_BACKENDS = {"cpu": "emu", "cuda": "hip"}
 
-_KERNELS: dict[tuple, tuple] = {}  # (geometry, tp, tokens, ratio, arch) -> (spec, kernel)
+# (geometry, tp, tokens, ratio, arch, swa_fp8, comp_fp8) -> (spec, kernel)
+_KERNELS: dict[tuple, tuple] = {}
 
 
 @functools.cache
@@ -44,35 +46,43 @@ def backend_for(device: torch.device):
         ) from None
 
 
-def plan_for(geometry: str, tp: int, tokens: int, ratio: int, arch: str):
+def plan_for(geometry: str, tp: int, tokens: int, ratio: int, arch: str,
+             swa_fp8: str = "auto", comp_fp8: str = "auto"):
     """The spec of one configuration; `arch` may carry target-ID features
-    (gfx942:sramecc+:xnack-), which change the build, not the plan."""
-    return plan(geometry, tp, tokens, ratio, parse_arch(arch).arch)
+    (gfx942:sramecc+:xnack-), which change the build, not the plan; the key
+    formats "auto" resolve to what vLLM writes on the arch."""
+    return plan(geometry, tp, tokens, ratio, parse_arch(arch).arch, swa_fp8, comp_fp8)
 
 
-def build(geometry: str, tp: int, tokens: int, ratio: int, arch: str):
+def build(geometry: str, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str = "auto",
+          comp_fp8: str = "auto"):
     """(spec, compiled kernel) of one configuration, from the disk cache when warm."""
-    spec = plan_for(geometry, tp, tokens, ratio, arch)
+    spec = plan_for(geometry, tp, tokens, ratio, arch, swa_fp8, comp_fp8)
     source = KernelSource(spec)
     source.arch = arch  # the target ID: its features change the build and its key, not the IR
     return spec, compile_source(source)
 
 
-def kernel_for(geometry: str, tp: int, tokens: int, ratio: int, arch: str):
-    """`build`, once a process: what every launch goes through."""
-    key = (geometry, tp, tokens, ratio, arch)
+def kernel_for(geometry: str, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str = "auto",
+               comp_fp8: str = "auto"):
+    """`build`, once a process: what every launch goes through ("auto"
+    formats resolved first: one kernel however they are named)."""
+    swa_fp8, comp_fp8 = resolve_key_fp8(parse_arch(arch).arch, swa_fp8, comp_fp8)
+    key = (geometry, tp, tokens, ratio, arch, swa_fp8, comp_fp8)
     if key not in _KERNELS:
         refuse_during_capture(f"building the kernel for geometry {geometry} tp {tp} "
-                              f"tokens {tokens} ratio {ratio} arch {arch}")
+                              f"tokens {tokens} ratio {ratio} arch {arch} swa_fp8 {swa_fp8} "
+                              f"comp_fp8 {comp_fp8}")
         _KERNELS[key] = build(*key)
     return _KERNELS[key]
 
 
 def launch(tensors: Mapping[str, object], out: torch.Tensor, scratch: torch.Tensor, *,
-           geometry: str, tp: int, ratio: int, arch: str, qk_scale: float | None = None):
+           geometry: str, tp: int, ratio: int, arch: str, swa_fp8: str, comp_fp8: str,
+           qk_scale: float | None = None):
     """One launch on the backend of the tensors' device; the emulator's
     counters on the emu backend, None on HIP."""
-    spec, kernel = kernel_for(geometry, tp, tensors["q"].shape[0], ratio, arch)
+    spec, kernel = kernel_for(geometry, tp, tensors["q"].shape[0], ratio, arch, swa_fp8, comp_fp8)
     return backend_for(out.device).run(kernel, spec, {**tensors, "out": out}, scratch, qk_scale)
 
 
@@ -82,7 +92,8 @@ def attention_back(
     comp_block: int, cos_sin: torch.Tensor, sink: torch.Tensor,
     wo_a: torch.Tensor, wo_a_scale: torch.Tensor, wo_b: torch.Tensor, wo_b_scale: torch.Tensor,
     out: torch.Tensor, scratch: torch.Tensor,
-    geometry: str, tp: int, ratio: int, arch: str, qk_scale: float | None = None,
+    geometry: str, tp: int, ratio: int, arch: str, swa_fp8: str, comp_fp8: str,
+    qk_scale: float | None = None,
 ) -> None:
     """The launch as torch sees it: writes `out` and the layer's `scratch`."""
     tensors = {"q": q, "key_table": key_table, "key_len": key_len, "positions": positions,
@@ -90,7 +101,7 @@ def attention_back(
                "comp_block": comp_block, "cos_sin": cos_sin, "sink": sink, "wo_a": wo_a,
                "wo_a_scale": wo_a_scale, "wo_b": wo_b, "wo_b_scale": wo_b_scale}
     launch(tensors, out, scratch, geometry=geometry, tp=tp, ratio=ratio, arch=arch,
-           qk_scale=qk_scale)
+           swa_fp8=swa_fp8, comp_fp8=comp_fp8, qk_scale=qk_scale)
 
 
 # Registered as vLLM's direct_register_custom_op does: the schema inferred from
@@ -107,6 +118,6 @@ for _key in ("CPU", "CUDA"):  # emu on CPU tensors; hip on ROCm tensors (torch's
 @torch.library.register_fake("k2back::attention_back")
 def _(q, key_table, key_len, positions, swa_cache, swa_block, comp_cache, comp_block, cos_sin,
       sink, wo_a, wo_a_scale, wo_b, wo_b_scale, out, scratch, geometry, tp, ratio, arch,
-      qk_scale=None) -> None:
+      swa_fp8, comp_fp8, qk_scale=None) -> None:
     # writes only its mutated arguments: nothing to allocate, nothing to return
     return None

@@ -6,6 +6,13 @@ nowhere else, base-2 logits, chunks of `chunk_keys` consecutive table entries.
 It is vectorized over tokens, heads, chunks and keys, device-agnostic (all work
 happens on q's device).
 
+Where the key formats enter: `gather_keys` decodes each cache with its own
+byte format (`swa_fp8`, `comp_fp8`: "e4m3fn" or "e4m3fnuz", never "auto": the
+reference knows no arch) through formats.kv_dequantize, which reads as vLLM's
+decoder does: fp8(byte) · exp2(code − 127) in fp32, then every NaN (a NaN
+byte, 0 · inf under code 255, a NaN rope value) as 0. Nothing after the keys
+depends on the formats.
+
 SPEC leaves a kernel free to order its fp32 sums (and a few equivalent fp32
 formulations). `SumOrder` exposes those freedoms, so tolerances are calibrated
 from the spread between two orders instead of guessed (testing.py).
@@ -87,22 +94,24 @@ def _flip_keys(x: torch.Tensor, order: SumOrder, dim: int) -> torch.Tensor:
     return x.flip(dim) if order.reverse else x
 
 
-def gather_keys(key_table, key_len, swa_cache, swa_block, comp_cache, comp_block):
+def gather_keys(key_table, key_len, swa_cache, swa_block, comp_cache, comp_block, *,
+                swa_fp8: str, comp_fp8: str):
     """Dequantized keys [S, KEYS, 512] (fp32, zero where not valid) and the
     validity mask [S, KEYS]: valid iff index < key_len and entry != -1.
-    Entries with bit 31 set read comp_cache, others swa_cache."""
+    Entries with bit 31 set read comp_cache (bytes of format comp_fp8),
+    others swa_cache (swa_fp8)."""
     slot, compressed, present = decode_key_table(key_table)
     index = torch.arange(key_table.shape[1], device=key_table.device)
     valid = present & (index < key_len[:, None].long())
     keys = torch.zeros(*key_table.shape, HEAD_DIM, device=key_table.device)
-    for cache, block, mask in ((swa_cache, swa_block, valid & ~compressed),
-                               (comp_cache, comp_block, valid & compressed)):
+    for cache, block, fp8, mask in ((swa_cache, swa_block, swa_fp8, valid & ~compressed),
+                                    (comp_cache, comp_block, comp_fp8, valid & compressed)):
         if not mask.any():
             continue
         if cache is None:
             raise ValueError("key_table: compressed entries (bit 31) in use but comp_cache "
                              "is None (a window-only layer has no compressed rows)")
-        keys[mask] = unpack_kv(cache, block, slot[mask])
+        keys[mask] = unpack_kv(cache, block, slot[mask], fp8)
     return keys, valid
 
 
@@ -174,8 +183,10 @@ def combine_stage(m, l_sum, partial, sink, order: SumOrder):
 
 def attention_back(q, key_table, key_len, positions, swa_cache, swa_block, comp_cache,
                    comp_block, cos_sin, sink, wo_a, wo_a_scale, wo_b, wo_b_scale, *,
-                   chunk_keys, qk_scale=None, intermediates=False, order=NATURAL):
-    """SPEC §2 on one rank's launch arguments (shapes as SPEC §1).
+                   swa_fp8, comp_fp8, chunk_keys, qk_scale=None, intermediates=False,
+                   order=NATURAL):
+    """SPEC §2 on one rank's launch arguments (shapes as SPEC §1), the caches'
+    bytes read as swa_fp8 / comp_fp8 ("e4m3fn" or "e4m3fnuz").
 
     Returns `out` (bf16 [S, hidden]) or, with intermediates, a dict of
       out, o (bf16 [S, H, 512], before RoPE), y (fp32, after inverse RoPE),
@@ -190,7 +201,8 @@ def attention_back(q, key_table, key_len, positions, swa_cache, swa_block, comp_
         raise ValueError(f"chunk_keys: expected a positive int, got {chunk_keys!r}")
     qk_scale = HEAD_DIM**-0.5 if qk_scale is None else qk_scale
     s, heads = q.shape[:2]
-    keys, valid = gather_keys(key_table, key_len, swa_cache, swa_block, comp_cache, comp_block)
+    keys, valid = gather_keys(key_table, key_len, swa_cache, swa_block, comp_cache, comp_block,
+                              swa_fp8=swa_fp8, comp_fp8=comp_fp8)
     m, l_sum, partial, scores = split_stage(q, keys, valid, chunk_keys, qk_scale, order)
     o, big_m, total = combine_stage(m, l_sum, partial, sink, order)
     y = inverse_rope(o, cos_sin, positions, order)
@@ -214,7 +226,8 @@ def attention_back(q, key_table, key_len, positions, swa_cache, swa_block, comp_
     }
 
 
-def _keys_one_by_one(key_table, key_len, swa_cache, swa_block, comp_cache, comp_block):
+def _keys_one_by_one(key_table, key_len, swa_cache, swa_block, comp_cache, comp_block,
+                     swa_fp8, comp_fp8):
     """The key-table rules walked entry by entry in Python (independent of
     gather_keys): float64 keys [S, KEYS, 512], valid mask."""
     s, width = key_table.shape
@@ -224,9 +237,10 @@ def _keys_one_by_one(key_table, key_len, swa_cache, swa_block, comp_cache, comp_
         for k, entry in enumerate(row[: int(key_len[t])]):
             if entry == -1:
                 continue
-            cache, block = (comp_cache, comp_block) if entry < 0 else (swa_cache, swa_block)
+            cache, block, fp8 = ((comp_cache, comp_block, comp_fp8) if entry < 0
+                                 else (swa_cache, swa_block, swa_fp8))
             slot = torch.tensor([entry & 0x7FFFFFFF])
-            keys[t, k] = unpack_kv(cache, block, slot)[0].double()
+            keys[t, k] = unpack_kv(cache, block, slot, fp8)[0].double()
             valid[t, k] = True
     return keys, valid
 
@@ -242,7 +256,7 @@ def _inverse_rope_complex(y: torch.Tensor, cos_sin: torch.Tensor, positions) -> 
 
 def attention_back_f64(q, key_table, key_len, positions, swa_cache, swa_block, comp_cache,
                        comp_block, cos_sin, sink, wo_a, wo_a_scale, wo_b, wo_b_scale, *,
-                       qk_scale=None, intermediates=False, **_ignored):
+                       swa_fp8, comp_fp8, qk_scale=None, intermediates=False, **_ignored):
     """The float64 oracle: softmax over [valid logits, sink], inverse RoPE,
     wo_a per group, wo_b; no bf16 or fp8 rounding of activations (keys and
     weights dequantized exactly; cos_sin taken as given). Written apart from
@@ -253,7 +267,7 @@ def attention_back_f64(q, key_table, key_len, positions, swa_cache, swa_block, c
     qk_scale = HEAD_DIM**-0.5 if qk_scale is None else qk_scale
     s, heads = q.shape[:2]
     keys, valid = _keys_one_by_one(key_table, key_len, swa_cache, swa_block, comp_cache,
-                                   comp_block)
+                                   comp_block, swa_fp8, comp_fp8)
     logits = torch.einsum("thd,tkd->thk", q.double(), keys) * qk_scale
     logits = logits.masked_fill(~valid[:, None, :], -math.inf)
     with_sink = torch.cat([logits, sink.double()[None, :, None].expand(s, heads, 1)], dim=-1)

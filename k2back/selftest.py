@@ -456,7 +456,7 @@ def selftest(archs: tuple[str, ...] | None = None, gpu=None, reason: str = "", p
             rows.append((arch, f"unit: {unit.name}", limit, ", ".join(verdicts)))
         for config in K2_CONFIGS:
             spec, kernel = k2_kernel(config, arch)
-            inputs = make_inputs(*config, seed=config[2] + 10 * config[1])
+            inputs = make_inputs(*config, seed=config[2] + 10 * config[1], arch=arch)
             want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
             scratch = launch.new_scratch(spec, "cpu")
             out, _ = run_kernel(spec, kernel, inputs, scratch, EmuBackend())

@@ -1,9 +1,9 @@
 """Realistic launch inputs in vLLM's formats, and calibrated comparison.
 
 `make_inputs` builds every argument of `reference.attention_back` (and of a
-launch) for one rank: bf16 queries, fp8_ds_mla KV pages written by the writer's
-rule, key tables, positions, V4.1's YaRN cos/sin table, sinks and MXFP8
-weights. The full model is generated first and then sliced per rank
+launch) for one rank: bf16 queries, fp8_ds_mla KV pages written as vLLM's
+writers write them on the arch (each cache in its byte format: SPEC §1), key
+tables, positions, V4.1's YaRN cos/sin table, sinks and MXFP8 weights. The full model is generated first and then sliced per rank
 (`rank_slice`), so the ranks of one seed are shards of one model and their
 `out`s sum to the TP = 1 `out`.
 
@@ -91,7 +91,7 @@ class InputOptions:
     stale_tail: fill entries past key_len with earlier valid entries instead
         of −1 (a reused table: they must be ignored).
     key_transform: applied to the fp32 keys before the writer packs them
-        (e.g. all nope dims −0.0 to get pages full of 0x80 bytes).
+        (e.g. all nope dims −0.0: OCP pages full of 0x80 bytes, FNUZ of 0x00).
     """
 
     swa_block: int | None = None
@@ -159,19 +159,39 @@ class _Cache:
         self.pages_used += len(pages)
         return slot
 
-    def pack(self, d: _Draw, keys: torch.Tensor, slots: torch.Tensor, page_pad: int):
+    def pack(self, d: _Draw, keys: torch.Tensor, slots: torch.Tensor, page_pad: int,
+             writer: F.KvWriter):
         spare = 3  # pages no record uses: garbage a wrong address would read
         pages = self.pages_used + spare
         shuffle = d.perm(pages)  # logical allocation order -> scattered pages
         slots = shuffle[slots // self.block] * self.block + slots % self.block
         nbytes = F.page_bytes(self.block, page_pad)
-        return F.pack_kv_pages(keys, slots, self.block, pages, nbytes,
+        return F.pack_kv_pages(keys, slots, self.block, pages, writer, nbytes,
                                fill=d.bytes(pages, nbytes)), slots
 
 
+EDGE_BLOCKS = 0.03  # share of nope blocks drawn all zero, and again on a binade boundary
+BOUNDARY = 1.75  # 224 = 1.75·2^7, 448 = 1.75·2^8: an amax of 1.75·2^j sits on both rules' boundary
+
+
+def _edge_blocks(d: _Draw, k: torch.Tensor) -> torch.Tensor:
+    """Nope blocks writers meet at the edges of their rule: all zeros (amax
+    floored at 1e-4) and an amax exactly on a power-of-two boundary of both
+    formats' code rule (the block's largest value then writes as ±max)."""
+    blocks = k[:, :NOPE_DIM].reshape(len(k), F.KV_SCALES, F.KV_SCALE_GROUP)
+    pick = torch.rand(blocks.shape[:2], generator=d.g)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    boundary = BOUNDARY * torch.exp2(torch.round(torch.log2(amax / BOUNDARY)))
+    on_boundary = (pick[..., None] < 2 * EDGE_BLOCKS) & (amax > 0)
+    edge = torch.where(pick[..., None] < EDGE_BLOCKS, 0.0,
+                       torch.where(on_boundary, blocks / amax * boundary, blocks))
+    return torch.cat([edge.reshape(len(k), NOPE_DIM), k[:, NOPE_DIM:]], dim=1)
+
+
 def _keys(d: _Draw, n: int, channel_gain: torch.Tensor, cos_sin_rows: torch.Tensor):
-    """n keys like V4's normalized KV: per-channel gains, rope dims rotated."""
-    k = d.normal(n, HEAD_DIM) * channel_gain
+    """n keys like V4's normalized KV: per-channel gains, edge blocks, rope
+    dims rotated; bf16, as the writers round them first."""
+    k = _edge_blocks(d, d.normal(n, HEAD_DIM) * channel_gain)
     return F.bf16_round(rotate(k, cos_sin_rows))
 
 
@@ -186,7 +206,7 @@ def _channel_gain(d: _Draw) -> torch.Tensor:
     return gain
 
 
-def _key_tables(d, g, ratio, positions, opts, cos_sin, blocks):
+def _key_tables(d, g, ratio, positions, opts, cos_sin, blocks, writers):
     """Key tables, key_len and the two caches for every token's sequence."""
     tokens, keys = len(positions), g.keys
     table = torch.full((tokens, keys), F.NO_KEY, dtype=torch.int32)
@@ -220,7 +240,7 @@ def _key_tables(d, g, ratio, positions, opts, cos_sin, blocks):
         keys_ = _keys(d, len(slots), gain, cos_sin[key_pos])
         if opts.key_transform is not None:
             keys_ = opts.key_transform(keys_)
-        packed[name], physical = cache.pack(d, keys_, slots, opts.page_pad)
+        packed[name], physical = cache.pack(d, keys_, slots, opts.page_pad, writers[name])
         _relocate(table, slots, physical, compressed=name == "comp")
     return table, key_len, packed
 
@@ -260,9 +280,15 @@ def _weight(d: _Draw, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def make_inputs(geometry_name, tp: int, tokens: int, ratio: int, seed: int, *, rank: int = 0,
+                arch: str | None = None, swa_fp8: str = "auto", comp_fp8: str = "auto",
                 **overrides) -> dict:
     """Every launch argument of rank `rank` of a TP `tp` model, keyed by
-    `attention_back`'s argument names (block sizes as ints, qk_scale a float).
+    `attention_back`'s argument names (block sizes as ints, qk_scale a float),
+    and the caches' byte formats `swa_fp8` / `comp_fp8` (resolved).
+
+    The caches are written as vLLM's writers write them on `arch` (SPEC §1):
+    swa_fp8 / comp_fp8 "e4m3fn" or "e4m3fnuz", or "auto" = what vLLM writes
+    on `arch` (which "auto" needs: gfx942 writes a FNUZ window cache).
 
     ratio: 0 = window-only layer (comp_cache None, no compressed entries);
     1, 2 = compression ratio of the compressed cache: a token at position p has
@@ -280,6 +306,8 @@ def make_inputs(geometry_name, tp: int, tokens: int, ratio: int, seed: int, *, r
     if unknown:
         raise TypeError(f"make_inputs: unknown overrides {sorted(unknown)}; expected launch "
                         f"arguments {LAUNCH_ARGS} or options {OPTION_NAMES}")
+    swa_fp8, comp_fp8 = F.resolve_key_fp8(arch, swa_fp8, comp_fp8)
+    writers = dict(zip(("swa", "comp"), F.cache_writers(arch, swa_fp8, comp_fp8)))
     d = _Draw(seed)
     opts = replace(InputOptions(), **{k: v for k, v in overrides.items() if k in OPTION_NAMES})
     opts = replace(
@@ -292,7 +320,8 @@ def make_inputs(geometry_name, tp: int, tokens: int, ratio: int, seed: int, *, r
     cos_sin = rope_table(g.rope, opts.max_pos)
     positions = _positions(d, tokens, opts.max_pos, g.window)
     table, key_len, caches = _key_tables(
-        d, g, ratio, positions, opts, cos_sin, {"swa": opts.swa_block, "comp": opts.comp_block})
+        d, g, ratio, positions, opts, cos_sin, {"swa": opts.swa_block, "comp": opts.comp_block},
+        writers)
     sink = 3.0 + 2.0 * d.normal(g.heads)
     wo_a, wo_a_scale = _weight(d, g.groups * g.o_rank, g.group_k)
     wo_b, wo_b_scale = _weight(d, g.hidden, g.groups * g.o_rank)
@@ -303,7 +332,7 @@ def make_inputs(geometry_name, tp: int, tokens: int, ratio: int, seed: int, *, r
         "comp_cache": caches["comp"] if ratio else None, "comp_block": opts.comp_block,
         "cos_sin": cos_sin, "sink": sink,
         "wo_a": wo_a, "wo_a_scale": wo_a_scale, "wo_b": wo_b, "wo_b_scale": wo_b_scale,
-        "qk_scale": g.qk_scale,
+        "qk_scale": g.qk_scale, "swa_fp8": swa_fp8, "comp_fp8": comp_fp8,
     }
     inputs = rank_slice(full, tp, rank)
     for name, value in overrides.items():
@@ -472,12 +501,22 @@ class Tolerance:
 #   o, y   0.00050 / 0.062 / 0.0015 / 2.4e-5        chunk_partial 0.00025 / 0.032 / 0.0013 / 9.6e-6
 #   chunk_max 1.3e-7 / 9.3e-7 / 0.0063 / 7.8e-8 (steps of 2^-16·|x|)
 #   chunk_sum 3.6e-7 / 4.3e-6 / 0 / 1.9e-7
+# Re-run for issue 8's inputs (writers' rules, FNUZ window caches, edge
+# blocks of zeros and on binade boundaries; V4.1-Flash TP 8 S 4 ratio 2, 12
+# seeds, added): 160 pairs, worst spread now
+#   out    0.0040  / 0.074 / 0.258  / 5.3e-4        x8b  0.0043 / 0.432 / 0.0039 / 4.0e-4 / 0
+#   z      0.0020  / 0.030 / 0.076  / 9.2e-5        xo   0.0023 / 0.189 / 1.2e-4 / 7.0e-5 / 0
+#   o, y   0.00021 / 0.031 / 0.0037 / 1.0e-5        chunk_partial 0.00055 / 0.056 / 0.0029 / 1.6e-5
+#   chunk_max 1.5e-7 / 7.9e-7 / 0.0125 / 1.7e-7;  chunk_sum 4.7e-7 / 2.8e-6 / 0 / 2.8e-7
+# (the largest from the tiny geometry at S 1: one bf16 flip of o re-quantizes an
+# XO block, and in 256 outputs that moves most of them a step). The tables
+# take the worse of the two runs.
 # Tolerance = ORDER_MARGIN (4) × the worst spread, rounded up (a kernel's
 # order is a third order, not one of the two); where no spread was seen, a
 # floor: code flips 1e-3 of blocks (an amax sitting on a power of two flips its
 # code by one), max code difference 1, beyond_step 1e-3. For scale: rounding
-# to bf16 by truncation instead of to nearest shows as bias ~3e-4, a 5 % scale
-# error as beyond_step ~0.7 on out.
+# to bf16 by truncation instead of to nearest shows as bias ~3e-4 (caught on o
+# and y), a 5 % scale error as bias 0.05 and beyond_step ~0.7 on out.
 ORDER_MARGIN = 4.0
 CHUNK_MARGIN = 2.0
 
@@ -489,17 +528,17 @@ def _tol(margin, rel_l2, max_err, beyond_step, bias, code_flips=None, max_code_d
 
 
 TOLERANCES: dict[str, Tolerance] = {
-    "out": _tol(ORDER_MARGIN, 0.004, 0.105, 0.11, 1.5e-4),
-    "z": _tol(ORDER_MARGIN, 0.0013, 0.0625, 0.019, 8.5e-5),
-    "o": _tol(ORDER_MARGIN, 0.0005, 0.0625, 0.0015, 2.5e-5),
-    "y": _tol(ORDER_MARGIN, 0.0005, 0.0625, 0.0015, 2.5e-5),
-    "chunk_partial": _tol(ORDER_MARGIN, 0.00025, 0.032, 0.0013, 1e-5),
-    "xo": _tol(ORDER_MARGIN, 0.0012, 0.25, 0.00025, 1e-5, code_flips=1e-3, max_code_diff=1),
-    "x8b": _tol(ORDER_MARGIN, 0.004, 0.25, 0.002, 8.5e-5, code_flips=0.002, max_code_diff=1),
+    "out": _tol(ORDER_MARGIN, 0.004, 0.105, 0.26, 5.3e-4),
+    "z": _tol(ORDER_MARGIN, 0.0021, 0.0625, 0.077, 9.2e-5),
+    "o": _tol(ORDER_MARGIN, 0.0005, 0.0625, 0.0037, 2.5e-5),
+    "y": _tol(ORDER_MARGIN, 0.0005, 0.0625, 0.0037, 2.5e-5),
+    "chunk_partial": _tol(ORDER_MARGIN, 0.00055, 0.056, 0.003, 1.6e-5),
+    "xo": _tol(ORDER_MARGIN, 0.0023, 0.25, 0.00025, 7e-5, code_flips=1e-3, max_code_diff=1),
+    "x8b": _tol(ORDER_MARGIN, 0.0044, 0.44, 0.004, 4.1e-4, code_flips=0.002, max_code_diff=1),
     "xo_codes": Tolerance(code_flips=1e-3, max_code_diff=1),
     "x8b_codes": Tolerance(code_flips=0.002, max_code_diff=1),
-    "chunk_max": _tol(ORDER_MARGIN, 1.5e-7, 1e-6, 0.0065, 1e-7),
-    "chunk_sum": _tol(ORDER_MARGIN, 4e-7, 5e-6, 0.00025, 2e-7),
+    "chunk_max": _tol(ORDER_MARGIN, 1.5e-7, 1e-6, 0.013, 1.8e-7),
+    "chunk_sum": _tol(ORDER_MARGIN, 4.7e-7, 5e-6, 0.00025, 2.9e-7),
 }
 
 # Two chunk sizes (CK 64 vs 128, NATURAL order) round the bf16 partials
@@ -507,15 +546,20 @@ TOLERANCES: dict[str, Tolerance] = {
 # downstream. Worst spread seen over the same cases: out 0.026 / 0.36 / 0.64 /
 # 8.5e-4, z 0.013 / 0.38 / 0.48 / 1.0e-3, o 0.0029 / 0.28 / 0.10 / 6.8e-5,
 # xo 0.013 / 2.27 / 0.0062 / 2.0e-4 / 0.0039 flips, x8b 0.026 / 0.73 / 0.048 /
-# 8.1e-4 / 0.012 flips. CHUNK_MARGIN (2): this table only serves the
+# 8.1e-4 / 0.012 flips. Re-run for issue 8 (cases above): out 0.026 / 0.37 /
+# 0.64 / 3.3e-3 (V4.1-Flash TP 8 S 4, seed 200: the bias of out has a heavy
+# tail over seeds, 0 to 3.3e-3), z 0.021 / 0.86 / 0.47 / 2.0e-3, o 0.0033 /
+# 0.24 / 0.10 / 7.9e-5, xo 0.015 / 1.99 / 0.0063 / 3.3e-4 / 0.0029 flips,
+# x8b 0.026 / 0.85 / 0.059 / 1.8e-3 / 0.016 flips; the tables take the worse
+# of the two runs. CHUNK_MARGIN (2): this table only serves the
 # chunk-invariance test; kernels are compared at the plan's CK.
 CHUNK_TOLERANCES: dict[str, Tolerance] = {
-    "out": _tol(CHUNK_MARGIN, 0.026, 0.36, 0.65, 8.5e-4),
-    "z": _tol(CHUNK_MARGIN, 0.0133, 0.38, 0.48, 1.01e-3),
-    "o": _tol(CHUNK_MARGIN, 0.0029, 0.284, 0.105, 7e-5),
-    "y": _tol(CHUNK_MARGIN, 0.0029, 0.284, 0.116, 8e-5),
-    "xo": _tol(CHUNK_MARGIN, 0.0132, 2.27, 0.0062, 2.1e-4, code_flips=0.008, max_code_diff=1),
-    "x8b": _tol(CHUNK_MARGIN, 0.026, 0.73, 0.049, 8.2e-4, code_flips=0.024, max_code_diff=1),
+    "out": _tol(CHUNK_MARGIN, 0.026, 0.37, 0.65, 3.4e-3),
+    "z": _tol(CHUNK_MARGIN, 0.022, 0.87, 0.48, 2.1e-3),
+    "o": _tol(CHUNK_MARGIN, 0.0033, 0.29, 0.11, 7.9e-5),
+    "y": _tol(CHUNK_MARGIN, 0.0033, 0.29, 0.12, 8e-5),
+    "xo": _tol(CHUNK_MARGIN, 0.016, 2.3, 0.0064, 3.3e-4, code_flips=0.008, max_code_diff=1),
+    "x8b": _tol(CHUNK_MARGIN, 0.026, 0.86, 0.06, 1.9e-3, code_flips=0.024, max_code_diff=1),
 }
 
 
@@ -600,13 +644,15 @@ CHECKED = ("xo", "x8b", "out")  # what a launch is checked on: both hand-offs an
 
 
 @functools.cache
-def build(geometry_name: str, tp: int, tokens: int, ratio: int, arch: str, stages=None):
-    """(spec, compiled kernel) of a configuration; `stages` a subset of the four."""
+def build(geometry_name: str, tp: int, tokens: int, ratio: int, arch: str, stages=None,
+          swa_fp8: str = "auto", comp_fp8: str = "auto"):
+    """(spec, compiled kernel) of a configuration; `stages` a subset of the four;
+    the key caches' byte formats (k2back.formats, "auto": what vLLM writes)."""
     from k2back.codegen.compiler import compile as compile_source
     from k2back.codegen.plan import plan
     from k2back.codegen.render import KernelSource
 
-    spec = plan(geometry_name, tp, tokens, ratio, arch)
+    spec = plan(geometry_name, tp, tokens, ratio, arch, swa_fp8, comp_fp8)
     return spec, compile_source(KernelSource(spec, stages))
 
 
@@ -659,7 +705,11 @@ def gemv_launch(spec, kernel, inputs: dict, want: dict, scratch: torch.Tensor, e
 
 def asm_lines(kernel) -> list[str]:
     """The instruction lines of a kernel's asm, stripped."""
-    return [ln.strip() for ln in kernel.asm.splitlines() if ln.startswith("\t") and not ln.startswith("\t.")]
+    return asm_lines_of(kernel.asm)
+
+
+def asm_lines_of(asm: str) -> list[str]:
+    return [ln.strip() for ln in asm.splitlines() if ln.startswith("\t") and not ln.startswith("\t.")]
 
 
 # --- calibration ---------------------------------------------------------------
@@ -672,6 +722,9 @@ CALIBRATION_CASES = (
     *[("v4.1-flash", tp, 8, r, range(2)) for tp in (1, 4, 8) for r in (0, 2)],
     ("v4.1-flash", 1, 16, 1, range(1)),
     ("v4-pro", 8, 4, 1, range(1)),
+    # the chunk-invariance test's configuration, a dozen seeds: between CK 64
+    # and 128 the bias of out has a heavy tail (a few X8B blocks re-quantized)
+    ("v4.1-flash", 8, 4, 2, range(200, 212)),
 )
 
 
@@ -692,7 +745,7 @@ def calibrate(cases=CALIBRATION_CASES, chunk_keys=(64, 128)) -> dict[str, dict[s
 
     for geo, tp, tokens, ratio, seeds in cases:
         for seed in seeds:
-            x = make_inputs(geo, tp, tokens, ratio, seed)
+            x = make_inputs(geo, tp, tokens, ratio, seed, arch="gfx942")
             runs = {(order, ck): attention_back(**x, chunk_keys=ck, intermediates=True, order=order)
                     for order in (NATURAL, ALTERNATE) for ck in chunk_keys}
             for ck in chunk_keys:

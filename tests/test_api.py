@@ -31,7 +31,7 @@ def cache_dir(tmp_path_factory, monkeypatch):  # nothing built here lands in the
 
 @pytest.fixture(scope="module")
 def inputs():
-    return make_inputs(GEOMETRY, TP, TOKENS, RATIO, seed=1)
+    return make_inputs(GEOMETRY, TP, TOKENS, RATIO, seed=1, arch=ARCH)
 
 
 def sentinel_out():
@@ -157,7 +157,7 @@ def test_no_build_while_capturing(monkeypatch):
     """A token count never built in this process, met during graph capture: a
     clear error, nothing built, nothing written."""
     monkeypatch.setattr(hip, "capturing", lambda: True)
-    inputs = make_inputs(GEOMETRY, 2, 5, RATIO, seed=2)
+    inputs = make_inputs(GEOMETRY, 2, 5, RATIO, seed=2, arch=ARCH)
     out = torch.full((5, geometry(GEOMETRY).hidden), SENTINEL, dtype=torch.bfloat16)
     lay = AttentionBack(GEOMETRY, tp=2, ratio=RATIO, arch=ARCH, backend="emu")
     with pytest.raises(hip.CaptureError, match="capturing"):
@@ -181,6 +181,12 @@ if runtime_status() is None:
     PLACES["hip"] = ("cuda", "auto")
 
 
+def inputs_on(device: str, tokens: int, seed: int) -> dict:
+    """make_inputs as vLLM writes them on the arch the device runs (CPU: ARCH)."""
+    arch = ARCH if device == "cpu" else hip.device_arch(torch.device(device)).split(":")[0]
+    return make_inputs(GEOMETRY, TP, tokens, RATIO, seed=seed, arch=arch)
+
+
 def on(device: str, inputs: dict) -> dict:
     return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
 
@@ -197,7 +203,7 @@ def test_one_layer_many_calls(backend):
     device, arch = PLACES[backend]
     layer = AttentionBack(GEOMETRY, tp=TP, ratio=RATIO, arch=arch, backend=backend)
     for seed, tokens in enumerate((3, 1, 3)):
-        inputs = make_inputs(GEOMETRY, TP, tokens, RATIO, seed=10 + seed)
+        inputs = inputs_on(device, tokens, seed=10 + seed)
         out = layer(**on(device, inputs))
         compare("out", out.cpu(), reference_out(inputs, tokens))
     assert len(layer._scratch) == 2  # one scratch a kernel, kept across calls
@@ -206,7 +212,7 @@ def test_one_layer_many_calls(backend):
 @pytest.mark.parametrize("backend", PLACES)
 def test_out_given_and_qk_scale(backend):
     device, arch = PLACES[backend]
-    inputs = {**make_inputs(GEOMETRY, TP, 2, RATIO, seed=4), "qk_scale": 0.02}
+    inputs = {**inputs_on(device, 2, seed=4), "qk_scale": 0.02}
     layer = AttentionBack(GEOMETRY, tp=TP, ratio=RATIO, arch=arch, backend=backend)
     out = torch.full((2, 256), 7.0, dtype=torch.bfloat16, device=device)
     assert layer(**on(device, inputs), out=out) is out
@@ -219,7 +225,7 @@ if "hip" in PLACES:
         copied into the captured buffers: each replay correct (the epoch
         protocol across replays included)."""
         layer = AttentionBack(GEOMETRY, tp=TP, ratio=RATIO)
-        first = make_inputs(GEOMETRY, TP, 2, RATIO, seed=20)
+        first = inputs_on("cuda", 2, seed=20)
         static = on("cuda", first)
         out = torch.empty(2, 256, dtype=torch.bfloat16, device="cuda")
         layer(**static, out=out)  # builds, loads and allocates outside capture
@@ -227,7 +233,7 @@ if "hip" in PLACES:
         with torch.cuda.graph(graph):
             layer(**static, out=out)
         for seed in (21, 22):  # new queries and sinks (shapes fixed by the geometry)
-            fresh = make_inputs(GEOMETRY, TP, 2, RATIO, seed=seed)
+            fresh = inputs_on("cuda", 2, seed=seed)
             inputs = {**first, "q": fresh["q"], "sink": fresh["sink"]}
             static["q"].copy_(fresh["q"])
             static["sink"].copy_(fresh["sink"])
@@ -237,8 +243,8 @@ if "hip" in PLACES:
 
 
 def test_opcheck(cache_dir):
-    inputs = make_inputs(GEOMETRY, TP, 1, RATIO, seed=6)
-    spec, _ = ops.kernel_for(GEOMETRY, TP, 1, RATIO, ARCH)
+    inputs = make_inputs(GEOMETRY, TP, 1, RATIO, seed=6, arch=ARCH)
+    spec, _ = ops.kernel_for(GEOMETRY, TP, 1, RATIO, ARCH, inputs["swa_fp8"], inputs["comp_fp8"])
     kwargs = {"out": torch.empty(1, 256, dtype=torch.bfloat16),
                   "scratch": torch.zeros(spec.scratch_bytes, dtype=torch.uint8),
                   "geometry": GEOMETRY, "tp": TP, "ratio": RATIO, "arch": ARCH}
@@ -248,6 +254,12 @@ def test_opcheck(cache_dir):
                     if isinstance(v, torch.Tensor) and v.dtype == torch.float8_e4m3fn}
     torch.library.opcheck(torch.ops.k2back.attention_back.default, (),
                           {**inputs, **fp8_as_bytes, **kwargs})
+
+
+def test_kernel_for_resolves_auto_once():
+    """"auto" and the formats it stands for are one kernel of the process."""
+    named = ops.kernel_for(GEOMETRY, 8, 1, 0, ARCH, "e4m3fnuz", "e4m3fn")
+    assert ops.kernel_for(GEOMETRY, 8, 1, 0, ARCH) is named
 
 
 def test_target_id_features_reach_the_code_object():

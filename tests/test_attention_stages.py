@@ -89,10 +89,10 @@ EDGES = [
 ]
 
 
-def _inputs(geometry, tp, tokens, ratio, seed, overrides):
+def _inputs(geometry, tp, tokens, ratio, seed, overrides, arch):
     extra = dict(overrides)
     minus_one = extra.pop("minus_one", False)
-    inputs = make_inputs(geometry, tp, tokens, ratio, seed, **extra)
+    inputs = make_inputs(geometry, tp, tokens, ratio, seed, arch=arch, **extra)
     if minus_one:  # holes in the table, inside key_len
         table = inputs["key_table"].clone()
         table[:, 1::5] = -1
@@ -106,7 +106,7 @@ def prepare(arch, tp, tokens, ratio, overrides, seed, geometry):
     """(spec, inputs, the reference's intermediates, scratch full of
     SENTINEL, live chunks [S, nchunk])."""
     spec = plan(geometry, tp, tokens, ratio, arch)
-    inputs = _inputs(geometry, tp, tokens, ratio, seed, overrides)
+    inputs = _inputs(geometry, tp, tokens, ratio, seed, overrides, arch)
     scratch = torch.full((spec.scratch_bytes,), SENTINEL, dtype=torch.uint8)
     return spec, inputs, reference(spec, inputs), scratch, live_chunks(spec, inputs["key_len"])
 
@@ -238,7 +238,7 @@ def test_negative_zero_key_bytes(arch):
     decode to 0. Every zero nope byte of every cache record becomes 0x80 (the
     same value), so a wrong decode poisons the scores."""
     spec = plan("tiny", 4, 3, 2, arch)
-    inputs = make_inputs("tiny", 4, 3, 2, 3)
+    inputs = make_inputs("tiny", 4, 3, 2, 3, arch=arch)
     for cache in ("swa", "comp"):
         pages = inputs[f"{cache}_cache"].clone()
         block = inputs[f"{cache}_block"]

@@ -81,7 +81,26 @@ def test_warmup_twice_second_all_hits(tmp_path):
     second = warmup(tmp_path, *config)
     assert second.returncode == 0
     assert summary(second.stdout) == {"built": 0, "cached": 4, "failed": 0}
-    assert "k2_back_tiny_tp4_s3_r2_gfx950" in second.stdout
+    assert "k2_back_tiny_tp4_s3_r2_gfx950_swaocp_compocp" in second.stdout
+
+
+def test_warmup_key_format_lists(tmp_path):
+    """--swa-fp8 / --comp-fp8 take comma lists: a kernel a format pair ("auto"
+    on gfx942 is e4m3fnuz for the window: that pair's kernel, named so)."""
+    config = (*TINY, "--arch", "gfx942", "--tokens", "1", "--swa-fp8", "auto,e4m3fn",
+              "--comp-fp8", "e4m3fn,e4m3fnuz")
+    done = warmup(tmp_path, *config)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert summary(done.stdout) == {"built": 4, "cached": 0, "failed": 0}
+    for pair in ("swafnuz_compocp", "swafnuz_compfnuz", "swaocp_compocp", "swaocp_compfnuz"):
+        assert f"k2_back_tiny_tp4_s1_r2_gfx942_{pair}" in done.stdout
+    assert "swa_fp8=auto comp_fp8=e4m3fnuz" in done.stdout
+
+
+def test_bad_key_format_is_rejected(tmp_path):
+    done = k2back("plan", *TINY, "--arch", "gfx942", "--tokens", "1", "--swa-fp8", "fnuz",
+                  cache_dir=tmp_path)
+    assert done.returncode == 2 and "--swa-fp8" in done.stderr and "e4m3fnuz" in done.stderr
 
 
 def test_warmup_reports_failures_and_exits_nonzero(tmp_path):
@@ -119,7 +138,7 @@ def test_dump_to_stdout_and_to_files(tmp_path):
     out = tmp_path / "dump"
     written = k2back("dump", *config, "--out", str(out), cache_dir=tmp_path)
     assert written.returncode == 0, written.stderr
-    name = "k2_back_tiny_tp4_s3_r2_gfx950"
+    name = "k2_back_tiny_tp4_s3_r2_gfx950_swaocp_compocp"
     for suffix in (".ll", ".opt.ll"):
         ir = (out / f"{name}{suffix}").read_text()
         module = llvm.parse_assembly(ir)  # llvmlite parses what we dumped
@@ -128,7 +147,8 @@ def test_dump_to_stdout_and_to_files(tmp_path):
     asm = (out / f"{name}.s").read_text()
     assert f".amdhsa_kernel {name}" in asm
     assert "VGPR" in (out / f"{name}.resources.txt").read_text()
-    assert '"tokens": 3' in (out / f"{name}.spec.json").read_text()
+    spec = (out / f"{name}.spec.json").read_text()
+    assert '"tokens": 3' in spec and '"swa_fp8": "e4m3fn"' in spec
 
 
 def test_plan_table(tmp_path):
@@ -136,6 +156,11 @@ def test_plan_table(tmp_path):
     assert done.returncode == 0, done.stderr
     for word in ("split", "combine", "wo_a", "wo_b", "LDS", "scratch"):
         assert word in done.stdout
+    assert "key bytes: swa_cache e4m3fnuz, comp_cache e4m3fn" in done.stdout  # auto on gfx942
+    chosen = k2back("plan", *TINY, "--arch", "gfx942", "--tokens", "16", "--swa-fp8", "e4m3fn",
+                    cache_dir=tmp_path)
+    assert "key bytes: swa_cache e4m3fn, comp_cache e4m3fn" in chosen.stdout
+
 @pytest.mark.parametrize("perturb, code", [((), 0), (("--perturb",), 1)])
 def test_verify(tmp_path, perturb, code):
     done = k2back("verify", *TINY, "--arch", "gfx942", "--tokens", "3", "--seed", "5", *perturb,

@@ -183,6 +183,7 @@ def test_clocks_and_pc_are_deterministic(arch):
 \ts_nop 0
 \ts_nop 0
 \ts_memrealtime s[6:7]
+\ts_waitcnt lgkmcnt(0)
 \ts_getpc_b64 s[8:9]
 \ts_getpc_b64 s[10:11]
 \tv_mov_b32_e32 v1, 0

@@ -238,7 +238,7 @@ def test_bf16_round_is_torchs_nearest_even():
     assert torch.equal(F.bf16_round(x), want)
 
 
-# --- fp8_ds_mla pages -------------------------------------------------------
+# --- fp8_ds_mla pages: the writers (SPEC §1) -----------------------------
 
 
 def realistic_keys(n: int, seed: int) -> torch.Tensor:
@@ -248,9 +248,98 @@ def realistic_keys(n: int, seed: int) -> torch.Tensor:
     return k
 
 
+def edge_keys() -> torch.Tensor:
+    """Keys whose blocks meet every corner of the writers' rule: all zeros,
+    amax at the 1e-4 floor and below it, amax on a binade boundary of both
+    rules (1.75 · 2^j) and one bf16 step either side, subnormal-range values
+    under a large amax, NaN and ±inf elements, the largest bf16."""
+    k = realistic_keys(10, 5)
+    k[0, :64] = 0.0
+    k[0, 64:128] = 1e-4
+    k[0, 128:192] *= 1e-9
+    k[1, :64] = torch.linspace(-1.75, 1.75, 64) * 8  # amax 14 = 1.75 · 2^3
+    k[1, 64:128] = torch.linspace(-1, 1, 64) * 1.7578125 * 8  # one bf16 step above
+    k[1, 128:192] = torch.linspace(-1, 1, 64) * 1.7421875 * 8  # one below
+    k[2, :64] = 2.0**-12
+    k[2, 0] = 200.0  # values 2^-20 of the block max: fp8 subnormals or 0
+    k[3, 3], k[3, 70], k[3, 140] = float("nan"), float("inf"), -float("inf")
+    k[4, :64] = 3.3895313892515355e38  # bf16's largest
+    return k
+
+
+def loop_kv_record(key: np.ndarray, fp8: str, code_max: int) -> tuple[np.ndarray, list[int]]:
+    """One record's nope bytes and codes by the writer's rule, element by
+    element: Python floats and ml_dtypes' rounding (independent of k2back)."""
+    x = np.asarray(key, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+    vmax = 224.0 if fp8 == "e4m3fnuz" else 448.0
+    data, codes = [], []
+    for b in range(7):
+        block = x[64 * b:64 * b + 64]
+        amax = max([abs(v) for v in block if not math.isnan(v)], default=0.0)
+        e = math.inf if math.isinf(amax) else math.ceil(math.log2(max(amax, 1e-4) / vmax))
+        codes.append(int(min(max(e + 127, 0), code_max)))
+        scale = 0.0 if math.isinf(e) else 2.0**-e
+        for v in block:
+            scaled = float(v) * scale
+            scaled = -vmax if math.isnan(scaled) else min(max(scaled, -vmax), vmax)
+            data.append(np.array(scaled, np.float32).astype(ML[fp8]).view(np.uint8))
+    return np.array(data, np.uint8), codes
+
+
+@pytest.mark.parametrize("fp8, code_max", [("e4m3fnuz", 255), ("e4m3fn", 255), ("e4m3fn", 254)])
+def test_kv_writer_rule_against_a_loop(fp8, code_max):
+    keys = torch.cat([edge_keys(), realistic_keys(30, 6)])
+    data, codes = F.kv_quantize(keys, F.kv_writer(fp8, code_max))
+    for i, key in enumerate(keys.numpy()):
+        want_data, want_codes = loop_kv_record(key, fp8, code_max)
+        assert np.array_equal(data[i, :448].numpy(), want_data), i
+        assert codes[i].tolist() == want_codes, i
+        rope = key[448:].astype(ml_dtypes.bfloat16).view(np.uint8)
+        assert np.array_equal(data[i, 448:].numpy(), rope)
+    # the corners the rule has: floor, boundary, the inf block (code_max, all
+    # but the ∓max byte 0), NaN written as -max
+    assert codes[0, :2].tolist() == [106, 106] if fp8 == "e4m3fnuz" else [105, 105]
+    assert codes[1, 0] + 1 == codes[1, 1] == codes[1, 2] + 1  # ceil at the boundary
+    assert codes[3, 1] == code_max and (data[3, 64:128] & 0x7F != 0).sum() == 1
+    assert data[3, 3] == 0xFE  # NaN -> fminf(fmaxf(NaN, -max), max) = -max
+
+
+def test_fnuz_records_are_ocp_records_one_code_up():
+    """SPEC §1: FNUZ with max 224 writes the OCP bytes of the same keys (but
+    -0, which FNUZ has not) with every code one higher; same values."""
+    keys = realistic_keys(40, 3)
+    ocp, ocp_codes = F.kv_quantize(keys, F.kv_writer("e4m3fn"))
+    fnuz, fnuz_codes = F.kv_quantize(keys, F.kv_writer("e4m3fnuz"))
+    assert torch.equal(fnuz_codes.int(), ocp_codes.int() + 1)
+    differ = ocp != fnuz
+    assert (ocp[differ] == F.OCP_NEGATIVE_ZERO).all() and (fnuz[differ] == 0).all()
+    assert differ.any()
+    assert torch.equal(F.kv_dequantize(ocp, ocp_codes, "e4m3fn"),
+                       F.kv_dequantize(fnuz, fnuz_codes, "e4m3fnuz"))
+
+
+@pytest.mark.parametrize("fp8", ["e4m3fn", "e4m3fnuz"])
+def test_kv_decode_every_byte_and_code(fp8):
+    """vLLM's decoder: fp8(byte) · exp2(code − 127) in fp32, every NaN 0 (NaN
+    bytes; 0 · inf under code 255); ±inf kept. Rope NaNs are 0 too."""
+    byte = torch.arange(256, dtype=torch.uint8).repeat(2)[:448].reshape(1, 448)
+    rope = torch.tensor([0x7FC0, 0xFFC1, 0x3F80, 0x7F80] * 16, dtype=torch.int32)
+    data = torch.cat([byte, rope.to(torch.int16).view(torch.uint8)[None]], dim=1)
+    ml = ml_decode(fp8)
+    for code in (0, 1, 105, 127, 200, 254, 255):
+        codes = torch.full((1, 7), code, dtype=torch.uint8)
+        got = F.kv_dequantize(data, codes, fp8)[0].numpy()
+        with np.errstate(invalid="ignore", over="ignore"):
+            want = (ml[byte[0].numpy()].astype(np.float32) * np.float32(2.0**(code - 127)))
+        want = np.where(np.isnan(want), 0.0, want)
+        assert same_values(got[:448], want.astype(np.float32)), code
+        assert got[448:452].tolist() == [0.0, 0.0, 1.0, math.inf]
+
+
 @pytest.mark.parametrize("block", [32, 64])
 @pytest.mark.parametrize("extra", [0, 3])
-def test_pages_round_trip_at_slot_addresses(block, extra):
+@pytest.mark.parametrize("fp8", ["e4m3fn", "e4m3fnuz"])
+def test_pages_round_trip_at_slot_addresses(block, extra, fp8):
     nbytes = F.page_bytes(block, extra)
     assert nbytes % 576 == 0 and nbytes >= block * 584
     pages, n = 5, 70
@@ -261,38 +350,49 @@ def test_pages_round_trip_at_slot_addresses(block, extra):
     backing = torch.randint(0, 256, (pages, nbytes + 576), dtype=torch.uint8)
     before = backing.clone()
     cache = backing[:, :nbytes]
-    F.pack_kv(cache, block, slots, keys)
+    F.pack_kv(cache, block, slots, keys, F.kv_writer(fp8))
     # every record byte at its address computed by hand
     touched = torch.zeros_like(backing, dtype=torch.bool)
     for i, s in enumerate(slots.tolist()):
         page, row = s // block, s % block
         data = backing[page, row * 576: row * 576 + 576]
-        codes = backing[page, block * 576 + row * 8: block * 576 + row * 8 + 7]
+        scales = backing[page, block * 576 + row * 8: block * 576 + row * 8 + 8]
         touched[page, row * 576: row * 576 + 576] = True
-        touched[page, block * 576 + row * 8: block * 576 + row * 8 + 7] = True
-        nope = np.concatenate([loop_mx_quantize(keys[i, 64 * c:64 * c + 64].numpy())[0]
-                               for c in range(7)])
-        want_codes = [loop_mx_quantize(keys[i, 64 * c:64 * c + 64].numpy())[1] for c in range(7)]
+        touched[page, block * 576 + row * 8: block * 576 + row * 8 + 8] = True
+        nope, codes = loop_kv_record(keys[i].numpy(), fp8, 255)
         assert np.array_equal(data[:448].numpy(), nope)
-        assert codes.tolist() == want_codes
+        assert scales.tolist() == codes + [0]  # the pad byte: 0, as both writers write it
         rope = keys[i, 448:].numpy().astype(ml_dtypes.bfloat16).view(np.uint8)
         assert np.array_equal(data[448:].numpy(), rope)
-    assert torch.equal(backing[~touched], before[~touched])  # pads and padding kept
-    got = F.unpack_kv(cache, block, slots.reshape(7, 10)).reshape(n, 512)
-    scales = torch.repeat_interleave(F.ue8m0_scale(F.read_kv(cache, block, slots)[1]), 64, -1)
-    assert torch.equal(got[:, :448], F.e4m3fn_decode(F.read_kv(cache, block, slots)[0][:, :448]) * scales)
+    assert torch.equal(backing[~touched], before[~touched])  # page padding kept
+    got = F.unpack_kv(cache, block, slots.reshape(7, 10), fp8).reshape(n, 512)
+    data, codes = F.read_kv(cache, block, slots)
+    scales = torch.repeat_interleave(F.kv_scale(codes), 64, -1)
+    assert torch.equal(got[:, :448], F.fp8_decode(data[:, :448], FMT[fp8]) * scales)
     assert torch.equal(got[:, 448:], F.bf16_round(keys[:, 448:]))
     assert (got - keys).norm() / keys.norm() < 0.05  # e4m3: 3 mantissa bits
 
 
-def test_writer_produces_negative_zero_bytes():
-    cache = F.pack_kv_pages(realistic_keys(32, 1), torch.arange(32), 32, 1)
-    assert (cache[0, : 32 * 576] == F.OCP_NEGATIVE_ZERO).any()
-
-
 def test_page_bytes_must_be_legal():
     with pytest.raises(ValueError, match="page_bytes"):
-        F.pack_kv_pages(realistic_keys(1, 0), torch.tensor([0]), 32, 1, page_bytes_=32 * 584)
+        F.pack_kv_pages(realistic_keys(1, 0), torch.tensor([0]), 32, 1, F.kv_writer("e4m3fn"),
+                        page_bytes_=32 * 584)
+
+
+@pytest.mark.parametrize("arch, want", [("gfx942", ("e4m3fnuz", "e4m3fn")),
+                                        ("gfx950", ("e4m3fn", "e4m3fn"))])
+def test_auto_is_what_vllm_writes(arch, want):
+    assert F.resolve_key_fp8(arch) == want
+    assert F.resolve_key_fp8(arch, "e4m3fn", "e4m3fnuz") == ("e4m3fn", "e4m3fnuz")
+    assert F.resolve_key_fp8(None, "e4m3fnuz", "e4m3fn") == ("e4m3fnuz", "e4m3fn")
+
+
+@pytest.mark.parametrize("args, name", [(("gfx942", "ocp"), "swa_fp8"),
+                                        (("gfx950", "auto", None), "comp_fp8"),
+                                        ((None, "auto"), "swa_fp8")])
+def test_resolve_key_fp8_names_the_argument(args, name):
+    with pytest.raises(ValueError, match=f"^{name}: "):
+        F.resolve_key_fp8(*args)
 
 
 def test_slot_location():

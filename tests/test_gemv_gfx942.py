@@ -52,7 +52,7 @@ def test_fp8_mfma_converts_no_element():
                                           ("gfx942", 24), ("gfx950", 9)])
 def test_gemv_wide_bytes_and_block_codes(arch, tokens):
     spec, kernel = build("tiny", 2, tokens, 2, arch, GEMV)
-    inputs = make_inputs("tiny", 2, tokens, 2, seed=20 + tokens)
+    inputs = make_inputs("tiny", 2, tokens, 2, seed=20 + tokens, arch=arch)
     inputs.update(wide_weights(inputs, seed=tokens))
     want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
     scratch = launch.new_scratch(spec, "cpu")
@@ -80,7 +80,7 @@ def test_gemv_z_rounding_to_negative_zero(negative_zero):
     value that rounds to zero is unverified: under both, X8B holds no 0x80 (wo_a
     clears it before storing) and out is right."""
     spec, kernel = build("tiny", 2, 3, 2, "gfx942", GEMV)
-    inputs = make_inputs("tiny", 2, 3, 2, seed=4)
+    inputs = make_inputs("tiny", 2, 3, 2, seed=4, arch="gfx942")
     inputs.update(tiny_rows(inputs))
     want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
     assert (want["x8b"].view(torch.uint8) == 0x80).sum() > 50  # the reference's OCP -0: many

@@ -7,6 +7,9 @@ emulator on make_inputs' launch arguments, against the reference of record
   slow suite on V4.1-Flash; three launches on one scratch buffer (epoch).
 - GEMV half alone: scratch's XO filled from the reference, the combine flags
   set with the launch's tag, a kernel rendered with only wo_a and wo_b.
+- Hand-off mutants: the kernel with each fence of its hand-offs weakened, or the
+  flag stored before its data's s_waitcnt, fails in the emulator's strict memory
+  model (as it may fail on the GPU).
 - Requirements read from the code object: no scratch or spills, LDS budget,
   512 threads, 16-B weight loads issued before the first flag poll, MFMA.
 """
@@ -21,17 +24,20 @@ import re
 import pytest
 import torch
 
+from k2back.codegen.compiler import IRSource
 from k2back.codegen.compiler import compile as compile_source
 from k2back.codegen.plan import plan
 from k2back.codegen.render import KernelSource
 from k2back.codegen.targets import ARCHS
 from k2back.emu import Machine
+from k2back.formats import VLLM_KEY_FP8
 from k2back.reference import attention_back
 from k2back.runtime import hip, launch
 from k2back.runtime.hip import runtime_status
 from k2back.testing import (
     GEMV_STAGES,
     asm_lines,
+    asm_lines_of,
     build,
     check,
     gemv_launch,
@@ -43,17 +49,24 @@ from k2back.testing import (
 GEMV = GEMV_STAGES
 
 
+
 @functools.cache
-def reference(geometry: str, tp: int, tokens: int, ratio: int, seed: int, chunk_keys: int):
-    inputs = make_inputs(geometry, tp, tokens, ratio, seed)
+def reference(geometry: str, tp: int, tokens: int, ratio: int, seed: int, chunk_keys: int,
+              arch: str):
+    inputs = make_inputs(geometry, tp, tokens, ratio, seed, arch=arch)
     return inputs, attention_back(**inputs, chunk_keys=chunk_keys, intermediates=True)
 
 
 # --------------------------------------------------------------------------- whole kernel
 
 
-def launch_and_check(geometry, tp, tokens, ratio, arch, inputs, scratch=None, backend=None):
-    spec, kernel = build(geometry, tp, tokens, ratio, arch)
+def launch_and_check(geometry, tp, tokens, ratio, arch, inputs, scratch=None, backend=None,
+                     kernel=None):
+    """The kernel reading the inputs' key formats (or `kernel`, a stand-in
+    built from the same spec), against the reference."""
+    spec, built = build(geometry, tp, tokens, ratio, arch, None, inputs["swa_fp8"],
+                        inputs["comp_fp8"])
+    kernel = built if kernel is None else kernel
     want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
     device = "cpu" if backend is None else "cuda"
     scratch = launch.new_scratch(spec, device) if scratch is None else scratch
@@ -68,7 +81,7 @@ FAST = [(arch, tp, ratio, tokens) for arch in sorted(ARCHS) for tp in (1, 2, 4, 
 
 @pytest.mark.parametrize("arch, tp, ratio, tokens", FAST)
 def test_kernel_matches_reference(arch, tp, ratio, tokens):
-    inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp)
+    inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp, arch=arch)
     launch_and_check("tiny", tp, tokens, ratio, arch, inputs)
 
 
@@ -79,7 +92,7 @@ if runtime_status() is None:
 
     @pytest.mark.parametrize("arch, tp, ratio, tokens", [c for c in FAST if c[0] == GPU_ARCH])
     def test_kernel_on_the_gpu(arch, tp, ratio, tokens):
-        inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp)
+        inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp, arch=arch)
         launch_and_check("tiny", tp, tokens, ratio, arch, inputs, backend=hip.HipBackend())
 
 
@@ -110,7 +123,8 @@ EDGES = {
 @pytest.mark.parametrize("edge", EDGES)
 def test_kernel_edge_cases(arch, edge):
     change = EDGES[edge]
-    inputs = make_inputs("tiny", 4, 3, 2, seed=7, **({} if callable(change) else change))
+    inputs = make_inputs("tiny", 4, 3, 2, seed=7, arch=arch,
+                         **({} if callable(change) else change))
     if callable(change):
         inputs.update(change(inputs))
     launch_and_check("tiny", 4, 3, 2, arch, inputs)
@@ -123,9 +137,12 @@ def test_kernel_edge_cases(arch, edge):
     ("gfx942", 4, 16, 2), ("gfx950", 4, 16, 2),
 ])
 def test_kernel_v41_flash(arch, tp, tokens, ratio):
-    inputs = make_inputs("v4.1-flash", tp, tokens, ratio, seed=3)
+    """V4.1-Flash with the defaults: the caches as vLLM writes them on the arch
+    (gfx942: a FNUZ window cache, an OCP compressed one)."""
+    inputs = make_inputs("v4.1-flash", tp, tokens, ratio, seed=3, arch=arch)
     spec, _ = build("v4.1-flash", tp, tokens, ratio, arch)
     assert spec.wo_b.batch  # as the cases promise
+    assert (spec.swa_fp8, spec.comp_fp8) == VLLM_KEY_FP8[arch]
     launch_and_check("v4.1-flash", tp, tokens, ratio, arch, inputs)
 
 
@@ -134,7 +151,7 @@ def test_kernel_v41_flash(arch, tp, tokens, ratio):
                                                      ("gfx942", 8, 33, 1)])
 def test_kernel_many_tokens_and_ratio_1(arch, tp, tokens, ratio):
     """The token limit (4 MFMA token tiles), a partial last tile, ratio 1."""
-    inputs = make_inputs("tiny", tp, tokens, ratio, seed=5)
+    inputs = make_inputs("tiny", tp, tokens, ratio, seed=5, arch=arch)
     launch_and_check("tiny", tp, tokens, ratio, arch, inputs)
 
 
@@ -159,7 +176,8 @@ def test_consumers_scheduled_first(arch):
     """Workgroups started and scheduled in reverse order: the GEMV CTAs (high
     numbers) poll long before any split task ran; the hand-offs still hold."""
     spec, kernel = build("tiny", 4, 3, 2, arch)
-    stats = launch_in_order(spec, kernel, make_inputs("tiny", 4, 3, 2, seed=11), "reverse")
+    stats = launch_in_order(spec, kernel, make_inputs("tiny", 4, 3, 2, seed=11, arch=arch),
+                            "reverse")
     assert stats.total_polls > 0  # someone did wait
 
 
@@ -172,7 +190,7 @@ def test_kernel_split_tasks_of_several_chunks(arch, tp, order, monkeypatch):
     spec = plan("tiny", tp, 3, 2, arch)
     assert (spec.blocks, spec.attention.chunks_per_task, spec.attention.split_tasks) == (4, 2, 3)
     kernel = compile_source(KernelSource(spec))
-    launch_in_order(spec, kernel, make_inputs("tiny", tp, 3, 2, seed=21 + tp), order)
+    launch_in_order(spec, kernel, make_inputs("tiny", tp, 3, 2, seed=21 + tp, arch=arch), order)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -183,9 +201,76 @@ def test_consecutive_launches_share_scratch(arch):
     spec, _ = build("tiny", 4, 3, 2, arch)
     scratch = launch.new_scratch(spec, "cpu")
     for launch_index in range(3):
-        inputs = make_inputs("tiny", 4, 3, 2, seed=100 + launch_index)
+        inputs = make_inputs("tiny", 4, 3, 2, seed=100 + launch_index, arch=arch)
         launch_and_check("tiny", 4, 3, 2, arch, inputs, scratch)
         assert region(spec, scratch, "epoch", torch.int32)[0] == launch_index + 1
+
+
+# --------------------------------------------------------------------------- hand-off mutants
+#
+# Each hand-off (handoff.ll.j2) is: data stores; publish = agent-scope release
+# fence (buffer_wbl2 sc1 + s_waitcnt vmcnt(0)), barrier, flag store; await = poll,
+# barrier, agent-scope acquire fence (s_waitcnt + buffer_inv sc1). Weakening any of
+# it must make the kernel fail under the strict memory model, on both archs.
+
+AGENT_RELEASE = '  fence syncscope("agent") release\n'
+AGENT_ACQUIRE = 'fence syncscope("agent") acquire'
+# a publish: the release fence and the barrier, then thread 0's flag store up to <out>.done
+PUBLISH = re.compile(r'(  fence syncscope\("agent"\) release\n(?:  ;[^\n]*\n)?(?:  [^\n]*\n){3})'
+                     r'(  %(\S+)\.first = icmp eq i32 %tid, 0\n.*?\n\3\.done:\n)', re.DOTALL)
+
+
+def _without_buffer_inv(asm: str) -> str:
+    return "\n".join(ln for ln in asm.splitlines() if ln.strip() != "buffer_inv sc1")
+
+
+IR_MUTANTS = {
+    "release fence at workgroup scope": lambda ir: ir.replace(AGENT_RELEASE, AGENT_RELEASE.replace("agent", "workgroup")),
+    "acquire fence at workgroup scope": lambda ir: ir.replace(AGENT_ACQUIRE, AGENT_ACQUIRE.replace("agent", "workgroup")),
+    "release fence deleted": lambda ir: ir.replace(AGENT_RELEASE, ""),
+    # thread 0 stores the flag, then the release fence and the barrier run
+    "flag stored before its data's s_waitcnt": lambda ir: PUBLISH.sub(lambda m: m[2] + m[1], ir),
+}
+MUTANTS = [*IR_MUTANTS, "acquire-side buffer_inv removed"]
+
+
+def mutant(spec, kernel, name):
+    """The kernel with the hand-off edit `name` applied (to the IR, recompiled, or
+    to the asm the emulator runs); checks the edit changed the code."""
+    if name in IR_MUTANTS:
+        ir = IR_MUTANTS[name](kernel.ir)
+        assert ir != kernel.ir, name
+        edited = compile_source(IRSource(ir, kernel.name, spec.arch))
+    else:
+        edited = dataclasses.replace(kernel, asm=_without_buffer_inv(kernel.asm))
+    assert edited.asm != kernel.asm, name
+    return edited
+
+
+def flags_before_release(asm: str) -> int:
+    """Flag stores (global stores with sc1) issued after a barrier and before the
+    buffer_wbl2 of the release that follows it: none in a correct publish."""
+    count, window = 0, 0
+    for ln in asm_lines_of(asm):
+        if ln == "s_barrier":
+            window = 0
+        elif re.match(r"global_store_dword .* sc1$", ln):
+            window += 1
+        elif ln == "buffer_wbl2 sc1":
+            count, window = count + window, 0
+    return count
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("name", MUTANTS)
+def test_weakened_handoff_fails(arch, name):
+    spec, kernel = build("tiny", 4, 3, 2, arch)
+    edited = mutant(spec, kernel, name)
+    if name.startswith("flag stored"):  # in the asm the flag store now precedes the wait
+        assert flags_before_release(kernel.asm) == 0 < flags_before_release(edited.asm)
+    inputs = make_inputs("tiny", 4, 3, 2, seed=7, arch=arch)
+    with pytest.raises(AssertionError, match="outside tolerance"):
+        launch_and_check("tiny", 4, 3, 2, arch, inputs, kernel=edited)
 
 
 # --------------------------------------------------------------------------- GEMV half
@@ -196,7 +281,7 @@ def test_consecutive_launches_share_scratch(arch):
 @pytest.mark.parametrize("tokens", (1, 3, 17))
 def test_gemv_stages(arch, tp, tokens):
     spec, kernel = build("tiny", tp, tokens, 2, arch, GEMV)
-    inputs, want = reference("tiny", tp, tokens, 2, 0, spec.attention.chunk_keys)
+    inputs, want = reference("tiny", tp, tokens, 2, 0, spec.attention.chunk_keys, arch)
     scratch = launch.new_scratch(spec, "cpu")
     out, _ = gemv_launch(spec, kernel, inputs, want, scratch, epoch=41)
     check(spec, scratch, out, want, ("x8b", "out"))
@@ -212,7 +297,7 @@ def test_gemv_negative_zero_bytes(arch):
     at random (value 0 for the reference too) and every 0 byte of XO written as
     0x80 (same value) must read as 0, or out is NaN."""
     spec, kernel = build("tiny", 2, 3, 2, arch, GEMV)
-    inputs = make_inputs("tiny", 2, 3, 2, seed=4)
+    inputs = make_inputs("tiny", 2, 3, 2, seed=4, arch=arch)
     gen = torch.Generator().manual_seed(4)
     for name in ("wo_a", "wo_b"):
         raw = inputs[name].view(torch.uint8).clone()
@@ -230,7 +315,7 @@ def test_gemv_waits_for_its_flags():
     """A flag left by the previous launch (tag − 1) is not this launch's: the
     GEMVs must not start on it (the emulator reports the deadlock)."""
     spec, kernel = build("tiny", 8, 1, 2, "gfx942", GEMV)
-    inputs, _ = reference("tiny", 8, 1, 2, 0, spec.attention.chunk_keys)
+    inputs, _ = reference("tiny", 8, 1, 2, 0, spec.attention.chunk_keys, "gfx942")
     scratch = launch.new_scratch(spec, "cpu")
     region(spec, scratch, "epoch", torch.int32)[0] = 5
     region(spec, scratch, "combine_flags", torch.int32)[:] = 5  # stale

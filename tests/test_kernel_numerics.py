@@ -46,7 +46,7 @@ def case_id(case) -> str:
 def test_kernel_matches_reference_under_numerics_options(case):
     arch, options, (tp, ratio, tokens) = case
     spec, kernel = build("tiny", tp, tokens, ratio, arch)
-    inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp)
+    inputs = make_inputs("tiny", tp, tokens, ratio, seed=tokens + 10 * tp, arch=arch)
     want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
     scratch = launch.new_scratch(spec, "cpu")
     out, _ = run_kernel(spec, kernel, inputs, scratch, EmuBackend(**options))

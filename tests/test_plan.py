@@ -39,7 +39,9 @@ def test_supported_configuration(config):
     spec = plan(*config)
     info = ARCHS[arch]
     assert (spec.blocks, spec.threads) == (info.blocks, 512)
-    assert spec.name == f"k2_back_{geo.replace('.', '').replace('-', '')}_tp{tp}_s{tokens}_r{ratio}_{arch}"
+    tags = {"gfx942": "swafnuz_compocp", "gfx950": "swaocp_compocp"}  # "auto": what vLLM writes
+    assert spec.name == (f"k2_back_{geo.replace('.', '').replace('-', '')}_tp{tp}_s{tokens}"
+                         f"_r{ratio}_{arch}_{tags[arch]}")
 
     # LDS: every member inside the allocation, the kernel's word apart from all stages
     assert spec.lds_bytes <= info.lds_budget
@@ -108,6 +110,8 @@ def test_minimum_bytes_matches_spec_example():
     ({"tokens": 2.0}, "tokens"),
     ({"ratio": 3}, "ratio"),
     ({"arch": "gfx90a"}, "arch"),
+    ({"swa_fp8": "fnuz"}, "swa_fp8"),
+    ({"comp_fp8": None}, "comp_fp8"),
 ])
 def test_unsupported_is_refused_by_name(kwargs, name):
     args = {"geometry": "tiny", "tp": 4, "tokens": 3, "ratio": 2, "arch": "gfx942", **kwargs}
@@ -118,7 +122,25 @@ def test_unsupported_is_refused_by_name(kwargs, name):
 def test_plans_differ_by_every_input():
     base = ("tiny", 4, 3, 2, "gfx942")
     variants = [("v4.1-flash", 4, 3, 2, "gfx942"), ("tiny", 2, 3, 2, "gfx942"),
-                ("tiny", 4, 4, 2, "gfx942"), ("tiny", 4, 3, 1, "gfx942"), ("tiny", 4, 3, 2, "gfx950")]
+                ("tiny", 4, 4, 2, "gfx942"), ("tiny", 4, 3, 1, "gfx942"), ("tiny", 4, 3, 2, "gfx950"),
+                ("tiny", 4, 3, 2, "gfx942", "e4m3fn"), ("tiny", 4, 3, 2, "gfx942", "auto", "e4m3fnuz")]
     specs = [plan(*c) for c in (base, *variants)]
     assert len({s.name for s in specs}) == len({s.key() for s in specs}) == len(specs)
     assert all(a != b for a, b in itertools.combinations(specs, 2))
+
+
+@pytest.mark.parametrize("arch, swa, comp, want", [
+    ("gfx942", "auto", "auto", ("e4m3fnuz", "e4m3fn")),  # vLLM's C++ insert writes FNUZ there
+    ("gfx950", "auto", "auto", ("e4m3fn", "e4m3fn")),
+    ("gfx942", "e4m3fn", "auto", ("e4m3fn", "e4m3fn")),
+    ("gfx950", "auto", "e4m3fnuz", ("e4m3fn", "e4m3fnuz")),
+])
+def test_key_formats_resolve_into_the_spec(arch, swa, comp, want):
+    """The formats in force are fields of the spec, its name, its JSON and key
+    ("auto" resolved: the same kernel as naming the format)."""
+    spec = plan("tiny", 4, 3, 2, arch, swa, comp)
+    assert (spec.swa_fp8, spec.comp_fp8) == want
+    assert spec == plan("tiny", 4, 3, 2, arch, *want)
+    tags = {"e4m3fn": "ocp", "e4m3fnuz": "fnuz"}
+    assert spec.name.endswith(f"_swa{tags[want[0]]}_comp{tags[want[1]]}")
+    assert f"swa_cache {want[0]}, comp_cache {want[1]}" in spec.describe()

@@ -11,10 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from k2back.reference import ALTERNATE, attention_back, attention_back_f64
+from k2back import formats as F
+from k2back.reference import ALTERNATE, attention_back, attention_back_f64, gather_keys
 from k2back.testing import CHUNK_TOLERANCES, compare, make_inputs, rank_slice
 
 E4M3, BF16 = ml_dtypes.float8_e4m3fn, ml_dtypes.bfloat16
+KEY_FP8 = {"e4m3fn": ml_dtypes.float8_e4m3fn, "e4m3fnuz": ml_dtypes.float8_e4m3fnuz}
+ARCH = "gfx942"  # the caches as vLLM writes them there: a FNUZ window, an OCP compressed one
 
 
 LOG2E = np.float32(math.log2(math.e))
@@ -40,14 +43,16 @@ def np_weight(w, scale):
     return (w.view(torch.uint8).numpy().view(E4M3).astype(np.float64) * s).astype(np.float32)
 
 
-def np_key(cache, block, slot):
-    """One fp8_ds_mla record, read byte by byte from its page."""
+def np_key(cache, block, slot, fp8):
+    """One fp8_ds_mla record of `fp8` bytes, read byte by byte from its page;
+    a NaN value counts as 0 (SPEC §2)."""
     page = cache[slot // block].numpy()
     row = slot % block
     data = page[row * 576:(row + 1) * 576]
     codes = page[block * 576 + row * 8: block * 576 + row * 8 + 7].astype(np.float64)
-    nope = data[:448].view(E4M3).astype(np.float64) * np.exp2(np.repeat(codes, 64) - 127)
-    return np.concatenate([nope, data[448:].copy().view(BF16).astype(np.float64)]).astype(np.float32)
+    nope = data[:448].view(KEY_FP8[fp8]).astype(np.float64) * np.exp2(np.repeat(codes, 64) - 127)
+    key = np.concatenate([nope, data[448:].copy().view(BF16).astype(np.float64)])
+    return np.where(np.isnan(key), 0.0, key).astype(np.float32)
 
 
 def literal(x: dict, chunk_keys: int):
@@ -62,8 +67,10 @@ def literal(x: dict, chunk_keys: int):
         valid = np.zeros(len(table), bool)
         for k, e in enumerate(table[:n]):
             if e != -1:
-                cache, block = ("comp_cache", "comp_block") if e < 0 else ("swa_cache", "swa_block")
-                keys[k], valid[k] = np_key(x[cache], x[block], e & 0x7FFFFFFF), True
+                cache = "comp" if e < 0 else "swa"
+                keys[k] = np_key(x[f"{cache}_cache"], x[f"{cache}_block"], e & 0x7FFFFFFF,
+                                 x[f"{cache}_fp8"])
+                valid[k] = True
         for h in range(heads):
             sigma = np.float32(x["sink"][h]) * LOG2E
             stats = []
@@ -105,9 +112,10 @@ def as_torch(v):
     return tuple(torch.from_numpy(a) for a in v) if isinstance(v, tuple) else torch.from_numpy(v)
 
 
-@pytest.mark.parametrize("ratio,chunk_keys,seed", [(1, 16, 0), (0, 32, 1), (2, 16, 2)])
-def test_reference_matches_literal_spec(ratio, chunk_keys, seed):
-    x = make_inputs("tiny-16", 2, 4, ratio, seed)
+@pytest.mark.parametrize("ratio,chunk_keys,seed,arch", [(1, 16, 0, "gfx942"), (0, 32, 1, "gfx942"),
+                                                       (2, 16, 2, "gfx942"), (2, 16, 3, "gfx950")])
+def test_reference_matches_literal_spec(ratio, chunk_keys, seed, arch):
+    x = make_inputs("tiny-16", 2, 4, ratio, seed, arch=arch)
     got = attention_back(**x, chunk_keys=chunk_keys, intermediates=True)
     want = literal(x, chunk_keys)
     for name in ("o", "z", "out"):
@@ -130,7 +138,7 @@ F64_BOUNDS = {"o": 2.0**-8, "z": 2.0**-3 / math.sqrt(12) + 2.0**-8, "out": 0.051
 @pytest.mark.parametrize("geo,tp,tokens,ratio,seed", [
     ("tiny", 8, 6, 2, 10), ("tiny", 1, 3, 0, 11), ("tiny-16", 1, 5, 1, 12)])
 def test_reference_within_derived_bound_of_float64(geo, tp, tokens, ratio, seed):
-    x = make_inputs(geo, tp, tokens, ratio, seed)
+    x = make_inputs(geo, tp, tokens, ratio, seed, arch=ARCH)
     got = attention_back(**x, chunk_keys=32, intermediates=True)
     want = attention_back_f64(**x, intermediates=True)
     for name, bound in F64_BOUNDS.items():
@@ -141,7 +149,7 @@ def test_reference_within_derived_bound_of_float64(geo, tp, tokens, ratio, seed)
 @pytest.mark.parametrize("geo,tp,tokens,ratio,seed", [
     ("tiny", 2, 5, 1, 100), ("tiny-16", 1, 8, 2, 101), ("tiny", 8, 3, 0, 102)])
 def test_two_orders_agree_on_unseen_seeds(geo, tp, tokens, ratio, seed):
-    x = make_inputs(geo, tp, tokens, ratio, seed)
+    x = make_inputs(geo, tp, tokens, ratio, seed, arch=ARCH)
     a = attention_back(**x, chunk_keys=64, intermediates=True)
     b = attention_back(**x, chunk_keys=64, intermediates=True, order=ALTERNATE)
     for name in ("out", "o", "z", "chunk_partial", "chunk_max", "chunk_sum"):
@@ -154,7 +162,7 @@ def test_two_orders_agree_on_unseen_seeds(geo, tp, tokens, ratio, seed):
     ("v4.1-flash", 8, 4, 2, 200), ("v4.1-flash", 8, 3, 0, 201)])
 def test_chunk_size_invariance(geo, tp, tokens, ratio, seed):
     """CK 64 vs 128 (the small geometries have < 64 keys: one chunk either way)."""
-    x = make_inputs(geo, tp, tokens, ratio, seed)
+    x = make_inputs(geo, tp, tokens, ratio, seed, arch=ARCH)
     a = attention_back(**x, chunk_keys=64, intermediates=True)
     b = attention_back(**x, chunk_keys=128, intermediates=True)
     assert not torch.equal(a["o"], b["o"])  # the chunkings do round differently
@@ -172,7 +180,7 @@ def run(x, **kw):
 
 
 def test_minus_inf_sink_is_no_sink():
-    x = make_inputs("tiny-16", 2, 4, 1, 3)
+    x = make_inputs("tiny-16", 2, 4, 1, 3, arch=ARCH)
     a = run({**x, "sink": torch.full_like(x["sink"], -math.inf)})
     b = run({**x, "sink": torch.full_like(x["sink"], -1e4)})  # 2^(σ − M) underflows to 0
     assert torch.equal(a["out"], b["out"]) and torch.equal(a["o"], b["o"])
@@ -180,7 +188,7 @@ def test_minus_inf_sink_is_no_sink():
 
 
 def test_plus_inf_sink_gives_zero():
-    x = make_inputs("tiny-16", 2, 4, 1, 4)
+    x = make_inputs("tiny-16", 2, 4, 1, 4, arch=ARCH)
     sink = x["sink"].clone()
     sink[3] = math.inf
     r = run({**x, "sink": sink})
@@ -192,7 +200,7 @@ def test_plus_inf_sink_gives_zero():
 @pytest.mark.parametrize("sink", [2.0, -math.inf, math.inf])
 @pytest.mark.parametrize("how", ["key_len=0", "all -1"])
 def test_no_valid_key_gives_zero(sink, how):
-    x = make_inputs("tiny-16", 1, 3, 2, 5)
+    x = make_inputs("tiny-16", 1, 3, 2, 5, arch=ARCH)
     x["sink"] = torch.full_like(x["sink"], sink)
     if how == "key_len=0":
         x["key_len"] = torch.zeros_like(x["key_len"])
@@ -205,7 +213,7 @@ def test_no_valid_key_gives_zero(sink, how):
 
 
 def test_empty_chunk_is_skipped_and_holes_ignored():
-    x = make_inputs("tiny-16", 2, 3, 1, 6, max_pos=2000, hole_fraction=0.3)
+    x = make_inputs("tiny-16", 2, 3, 1, 6, arch=ARCH, max_pos=2000, hole_fraction=0.3)
     x["key_table"][0, 16:32] = -1  # chunk 1 of token 0: no valid key
     r = run(x)
     assert (r["chunk_max"][0, 1] == -math.inf).all() and (r["chunk_sum"][0, 1] == 0).all()
@@ -216,7 +224,7 @@ def test_empty_chunk_is_skipped_and_holes_ignored():
 
 
 def test_entries_past_key_len_are_ignored():
-    x = make_inputs("tiny-16", 2, 4, 2, 7, stale_tail=False)
+    x = make_inputs("tiny-16", 2, 4, 2, 7, arch=ARCH, stale_tail=False)
     stale = x["key_table"].clone()
     for t, n in enumerate(x["key_len"].tolist()):
         if n:
@@ -225,8 +233,58 @@ def test_entries_past_key_len_are_ignored():
     assert torch.equal(run(x)["out"], run({**x, "key_table": stale})["out"])
 
 
+def _gather(x, swa_fp8, comp_fp8):
+    args = (x[k] for k in ("key_table", "key_len", "swa_cache", "swa_block", "comp_cache",
+                           "comp_block"))
+    return gather_keys(*args, swa_fp8=swa_fp8, comp_fp8=comp_fp8)
+
+
+def test_each_cache_decodes_in_its_format():
+    """The gfx942 deployment's caches: a FNUZ window read as OCP is every
+    window key's nope dims at twice their value (the bug of issue 8); the
+    compressed keys, OCP either way, do not move."""
+    x = make_inputs("tiny-16", 1, 3, 2, 9, arch="gfx942")
+    keys, valid = _gather(x, "e4m3fnuz", "e4m3fn")
+    misread, _ = _gather(x, "e4m3fn", "e4m3fn")
+    _, comp, _ = F.decode_key_table(x["key_table"])
+    swa, cmp = valid & ~comp, valid & comp
+    assert swa.any() and cmp.any()
+    assert torch.equal(misread[swa][:, :448], 2 * keys[swa][:, :448])
+    assert torch.equal(misread[swa][:, 448:], keys[swa][:, 448:])
+    assert torch.equal(misread[cmp], keys[cmp])
+
+
+NAN_BYTES = {"e4m3fn": (0x7F, 0xFF), "e4m3fnuz": (0x80,)}
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_nan_key_values_count_as_zero(arch):
+    """NaN bytes of each cache's format, and NaN rope values, weigh as 0: the
+    same attention as with those values written as 0."""
+    x = make_inputs("tiny-16", 1, 3, 2, 10, arch=arch)
+    with_nan, with_zero = dict(x), dict(x)
+    gen = torch.Generator().manual_seed(10)
+    for cache in ("swa", "comp"):
+        pages, block = x[f"{cache}_cache"], x[f"{cache}_block"]
+        shape = (pages.shape[0], block, 576)
+        nope_hit = torch.rand(*shape[:2], 448, generator=gen) < 0.05
+        rope_hit = torch.rand(*shape[:2], 64, generator=gen) < 0.05
+        nan = torch.tensor(NAN_BYTES[x[f"{cache}_fp8"]], dtype=torch.uint8)
+        nan_bytes = nan[torch.randint(0, len(nan), nope_hit.shape, generator=gen)]
+        for target, byte, half in ((with_nan, nan_bytes, 0x7FC1), (with_zero, 0, 0)):
+            copy = pages.clone()
+            records = copy[:, :block * 576].view(shape)
+            nope = records[..., :448]
+            nope[nope_hit] = byte if isinstance(byte, int) else byte[nope_hit]
+            records[..., 448:].view(torch.int16)[rope_hit] = half
+            target[f"{cache}_cache"] = copy
+    a, b = run(with_nan), run(with_zero)
+    assert torch.isfinite(a["out"].float()).all()
+    assert torch.equal(a["out"], b["out"]) and torch.equal(a["o"], b["o"])
+
+
 def test_compressed_entries_need_a_compressed_cache():
-    x = make_inputs("tiny-16", 2, 2, 1, 8)
+    x = make_inputs("tiny-16", 2, 2, 1, 8, arch=ARCH)
     with pytest.raises(ValueError, match="comp_cache"):
         run({**x, "comp_cache": None})
 
@@ -235,7 +293,7 @@ def test_compressed_entries_need_a_compressed_cache():
 def test_ranks_sum_to_the_tp1_output(tp):
     """Σ_r bf16(P_r) − bf16(Σ_r P_r) is bounded elementwise by u·(Σ|P_r| + |P|),
     u = 2^-8 (bf16 round to nearest), plus fp32 reassociation (~2^-20)."""
-    full = make_inputs("tiny", 1, 4, 2, 20 + tp)
+    full = make_inputs("tiny", 1, 4, 2, 20 + tp, arch=ARCH)
     whole = run(full)
     ranks = [run(rank_slice(full, tp, r)) for r in range(tp)]
     heads = full["q"].shape[1] // tp
@@ -250,7 +308,7 @@ def test_ranks_sum_to_the_tp1_output(tp):
 
 @pytest.mark.slow
 def test_flash_tp1_s16_agrees_with_float64():
-    x = make_inputs("v4.1-flash", 1, 16, 1, 0)
+    x = make_inputs("v4.1-flash", 1, 16, 1, 0, arch=ARCH)
     got = attention_back(**x, chunk_keys=64)
     want = attention_back_f64(**x)
     assert float((got.double() - want).norm() / want.norm()) < F64_BOUNDS["out"]

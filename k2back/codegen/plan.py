@@ -1,7 +1,8 @@
 """The planner: one launch's configuration -> the KernelSpec every template reads.
 
-`plan(geometry, tp, tokens, ratio, arch)` resolves the model geometry, the
-rank's share, S tokens, the compression ratio and the target into plain
+`plan(geometry, tp, tokens, ratio, arch, swa_fp8, comp_fp8)` resolves the
+model geometry, the rank's share, S tokens, the compression ratio, the target
+and the key caches' byte formats ("auto": what vLLM writes there) into plain
 numbers: the persistent grid, the four stages' task tables and the CTA each
 stage's task 0 runs on, the LDS union, the scratch regions (256-B aligned) and
 the kernel's name. Templates take every number from here and restate none.
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 from k2back.codegen.plan_attention import KERNEL_LDS, AttentionPlan, plan_attention
 from k2back.codegen.targets import ArchInfo, arch_info
-from k2back.formats import KV_RECORD_BYTES
+from k2back.formats import KV_RECORD_BYTES, resolve_key_fp8
 from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, RankShape
 from k2back.model import geometry as model_geometry
 
@@ -117,6 +118,8 @@ class KernelSpec:
     tokens: int
     ratio: int
     arch: str
+    swa_fp8: str  # byte format of swa_cache's nope dims: "e4m3fn" or "e4m3fnuz"
+    comp_fp8: str  # ... and of comp_cache's
     name: str
     blocks: int
     threads: int
@@ -191,6 +194,7 @@ class KernelSpec:
         lines = [
             (f"{self.name}: {self.geometry} TP {self.tp}, S {self.tokens}, ratio {self.ratio}, "
              f"{self.arch}, {self.blocks} x {self.threads}"),
+            f"key bytes: swa_cache {self.swa_fp8}, comp_cache {self.comp_fp8}",
             (f"chunk {self.attention.chunk_keys} keys x {self.attention.nchunk}, "
              f"{self.attention.chunks_per_task} a split task"),
             f"{'stage':<8} {'tasks':>6} {'first CTA':>10} {'CTAs':>6}",
@@ -223,9 +227,14 @@ def _align(n: int, to: int = REGION_ALIGN) -> int:
     return -(-n // to) * to
 
 
-def kernel_name(geometry: str, tp: int, tokens: int, ratio: int, arch: str) -> str:
+FP8_TAGS = {"e4m3fn": "ocp", "e4m3fnuz": "fnuz"}  # a key format in kernel names
+
+
+def kernel_name(geometry: str, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str,
+                comp_fp8: str) -> str:
     slug = re.sub(r"[^0-9a-z]", "", geometry.lower())
-    return f"k2_back_{slug}_tp{tp}_s{tokens}_r{ratio}_{arch}"
+    return (f"k2_back_{slug}_tp{tp}_s{tokens}_r{ratio}_{arch}"
+            f"_swa{FP8_TAGS[swa_fp8]}_comp{FP8_TAGS[comp_fp8]}")
 
 
 def _k_split(k: int, code_steps: int) -> tuple[int, int]:
@@ -273,7 +282,8 @@ def _check(name: str, value, expected: str, ok: bool):
         raise ValueError(f"{name}: expected {expected}, got {value!r}")
 
 
-def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
+def plan(geometry, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str = "auto",
+         comp_fp8: str = "auto") -> KernelSpec:
     geo = model_geometry(geometry)
     _check("tokens", tokens, f"an int in 1..{MAX_TOKENS}",
            isinstance(tokens, int) and 1 <= tokens <= MAX_TOKENS)
@@ -284,6 +294,7 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
     _check("geometry", geo.name, f"o_rank·groups a multiple of {STEP_BYTES}",
            rank.o_rows % STEP_BYTES == 0)
     info = arch_info(arch)
+    swa_fp8, comp_fp8 = resolve_key_fp8(arch, swa_fp8, comp_fp8)
     att = plan_attention(rank, tokens, ratio, arch)
     blocks = info.blocks
     token_tiles = math.ceil(tokens / TILE)
@@ -348,7 +359,8 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str) -> KernelSpec:
 
     return KernelSpec(
         geometry=geo.name, tp=tp, tokens=tokens, ratio=ratio, arch=arch,
-        name=kernel_name(geo.name, tp, tokens, ratio, arch),
+        swa_fp8=swa_fp8, comp_fp8=comp_fp8,
+        name=kernel_name(geo.name, tp, tokens, ratio, arch, swa_fp8, comp_fp8),
         blocks=blocks, threads=THREADS, heads=rank.heads, groups=rank.groups,
         hidden=geo.hidden, o_rank=geo.o_rank, o_rows=rank.o_rows, keys=rank.keys,
         attention=att, split_first_cta=0, combine_first_cta=att.split_tasks % blocks,

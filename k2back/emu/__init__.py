@@ -15,16 +15,22 @@ the unified VGPR/AGPR file split (`.amdhsa_accum_offset`).
 Modules: asm (parse), operands (tokens -> readers/writers), salu (SOP*, branches),
 valu (VOP1/2/3/C/3P, DPP, SDWA, cross-lane, fp8 converts), matrix (MFMA operand
 plumbing; the math is `mfma`), memops (global/flat/buffer/SMEM/LDS), memory
-(mapped buffers, atomics), machine (launch set-up, scheduler, Stats), numerics and
-mfma (the arithmetic of converts, transcendentals and MFMA).
+(mapped buffers, atomics), coherence (the memory model: L2s, L1s, scalar caches),
+inflight (outstanding memory instructions, s_waitcnt, the scoreboard), machine
+(launch set-up, scheduler, Stats), numerics and mfma (the arithmetic of converts,
+transcendentals and MFMA).
 
 Faithful where our kernels depend on it, loud elsewhere: an instruction, operand
 form or modifier not modelled raises `UnsupportedInstruction` naming it and its
 asm line when it executes; unmapped, out-of-range or misaligned accesses raise
-`MemoryFault` with the address, wave and line; a launch without progress raises
-`Deadlock` listing the waiting waves and where they wait; too few wait states
-between a producer and a consumer the hardware does not interlock raise
-`HazardError` naming the rule and both lines (`hazards`).
+`MemoryFault` with the address, wave and line; a register used before the
+s_waitcnt covering the load that writes it raises `ScoreboardError`; a launch
+without progress raises `Deadlock` listing the waiting waves and where they wait;
+too few wait states between a producer and a consumer the hardware does not
+interlock raise `HazardError` naming the rule and both lines (`hazards`).
+Never kinder than the GPU: by default (`Machine(arch, memory="strict")`) a read
+returns the oldest value the GFX942 memory model allows and stores perform as
+late as the counters allow (coherence.py, inflight.py).
 """
 
 from .errors import (
@@ -33,6 +39,7 @@ from .errors import (
            EmulatorError,
            HazardError,
            MemoryFault,
+           ScoreboardError,
            UnsupportedInstruction,
 )
 from .machine import Machine, Stats
@@ -44,6 +51,7 @@ __all__ = [
            "HazardError",
            "Machine",
            "MemoryFault",
+           "ScoreboardError",
            "Stats",
            "UnsupportedInstruction",
 ]

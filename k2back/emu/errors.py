@@ -13,6 +13,11 @@ class UnsupportedInstruction(EmulatorError):
     """An instruction or operand form the emulator does not implement."""
 
 
+class ScoreboardError(EmulatorError):
+    """A register used before the memory instruction that writes it returned (no
+    s_waitcnt covering it in between)."""
+
+
 class MemoryFault(EmulatorError):
     """An access the hardware would fault on or the emulator cannot place."""
 

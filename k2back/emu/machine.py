@@ -2,17 +2,17 @@
 
 Scheduling: every workgroup of a launch is resident. Waves run round-robin in
 quanta of `quantum` instructions, workgroups in `order`. A wave gives up the
-rest of its quantum at `s_sleep N` (and then sits out N rounds), at
-`s_barrier` (until every live wave of its workgroup arrived) and at
-`s_endpgm`. Loads and atomics take effect when issued. With the default
-`store_visibility="waitcnt"` a global store waits in its wave's queue until
-that wave's `s_waitcnt vmcnt(N)` (all but the N newest retire) or `s_endpgm`, or
-until the wave itself reads memory (it sees its own stores); an LDS store waits
-likewise for `s_waitcnt lgkmcnt(N)` or the wave's next LDS access (the LDS
-queues of different waves may reorder: AMDGPUUsage, GFX942 memory model). Data
-published without waiting for its stores (no release fence before the barrier
-or the flag) is then read stale by other waves, as it may be on the GPU;
-`store_visibility="immediate"` makes every store visible at once.
+rest of its quantum at `s_sleep N` (and then sits out N rounds, unless a store
+reaches the line it polls: coherence.py), at `s_barrier` (until every live wave
+of its workgroup arrived), at `s_endpgm`, and when an `s_waitcnt` stops between
+two stores it retires (inflight.py): it retries that s_waitcnt on its next turn.
+
+Memory (`memory=`): "strict", the default, is the GFX942 memory model with every
+freedom taken against the kernel (coherence.py: per-XCD L2s, per-CU L1 and
+scalar caches; inflight.py: stores performed as late as the s_waitcnt counters
+allow, in an adversarial order); "ideal" is one coherent memory, accesses
+performed when issued. In both, a register read or overwritten before the
+s_waitcnt covering the load that writes it raises `ScoreboardError`.
 
 Deadlock: progress is a global/LDS write or atomic, a barrier release, a wave
 ending, or a wave using a whole quantum without sleeping. After `stall_rounds`
@@ -22,8 +22,9 @@ still running and where they are.
 
 Counters (`Stats`): executed wave-instructions by class, global bytes read and
 written per mapped buffer (bytes the active lanes requested, in range), LDS
-bytes, barriers released, and polls per wave = its `s_sleep` executions
-(our kernels sleep once per unsuccessful poll of a flag).
+bytes, barriers released, polls per wave = its `s_sleep` executions (our
+kernels sleep once per unsuccessful poll of a flag), and what the strict memory
+did: bytes loads took from stale copies, bytes L2s wrote back.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ import dataclasses
 import numpy as np
 
 from . import asm as asm_text
-from . import hazards
+from . import hazards, inflight
 from . import numerics as nx
+from .coherence import MEMORY_MODELS, IdealMemory, StrictMemory, byte_addresses
 from .errors import Deadlock, EmulatorError, UnsupportedInstruction
 from .matrix import decode_mfma
 from .memops import decode_buffer, decode_ds, decode_global, decode_smem
@@ -46,7 +48,8 @@ from .state import LANES, M64, Wave, Workgroup
 from .valu import decode_valu
 
 ARCH_LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
-STORE_VISIBILITY = ("immediate", "waitcnt")
+MEMORY = {"strict": StrictMemory, "ideal": IdealMemory}
+assert tuple(MEMORY) == MEMORY_MODELS
 CODE_ADDRESS = 0x7F00_0000_0000  # where the emulated code lives (s_getpc_b64)
 
 @dataclasses.dataclass
@@ -65,6 +68,8 @@ class Stats:
     workgroups: int = 0
     waves: int = 0
     rounds: int = 0
+    stale_bytes: int = 0  # bytes loads took from a cached copy older than memory (strict)
+    written_back: int = 0  # bytes L2s wrote back to memory (strict)
 
     @property
     def total_polls(self) -> int:
@@ -81,14 +86,16 @@ class Stats:
                 lines.append(f"  {name:<24} read {read:>12,} B  written {written:>12,} B")
         lines.append(f"  LDS read {self.lds_read:,} B, written {self.lds_written:,} B; "
                      f"{self.barriers} barriers; {self.total_polls} polls")
+        lines.append(f"  L2 write-backs {self.written_back:,} B; loads from stale copies "
+                     f"{self.stale_bytes:,} B")
         return "\n".join(lines)
 
 
 class DecodeContext:
     """What decoders may ask about the launch while turning asm into closures."""
 
-    def __init__(self, machine, kernel, accum_offset: int, stats: Stats):
-        self.machine, self.kernel = machine, kernel
+    def __init__(self, machine, kernel, accum_offset: int, stats: Stats, mem):
+        self.machine, self.kernel, self.mem = machine, kernel, mem
         self.arch = machine.arch
         self.accum_offset = accum_offset
         self.labels = kernel.labels
@@ -114,40 +121,34 @@ class DecodeContext:
     def progress(self) -> None:
         self.machine._progress = True
 
-    def store(self, w, write, *args) -> None:
-        """Issue a global/buffer store: performed at once, or with
-        store_visibility="waitcnt" queued until the storing wave's s_waitcnt vmcnt
-        or s_endpgm retires it (other waves keep reading the old bytes until then)."""
-        self._issue(w.pending_stores, write, args)
+    def load(self, w, addresses, size: int, who, through_l1: bool):
+        """uint8 [lanes, size] a vector load reads: memory as the wave's caches show
+        it, and the wave's own stores still in flight."""
+        mem = self.mem
+        if w.polled_lines:
+            mem.unpoll(w)
+        w.last_load = (addresses, size)
+        data = mem.load(w, addresses, size, who, through_l1)
+        if w.unperformed:
+            inflight.forward(w, addresses, size, data)
+        return data
 
-    def lds_store(self, w, write, *args) -> None:
-        """Issue an LDS store; queued like `store` until s_waitcnt lgkmcnt retires it."""
-        self._issue(w.pending_lds, write, args)
-
-    def _issue(self, queue, write, args) -> None:
-        if self.machine.store_visibility == "immediate":
-            write(*args)
-            self.progress()
+    def store(self, w, ins, addresses, data, who) -> None:
+        """Issue a store of data [lanes, size]: performed when a counter retires it."""
+        if addresses.size:
+            self.mem.touch(addresses, data.shape[1], who)
+            inflight.issue_store(w, ins, self.mem, byte_addresses(addresses, data.shape[1]),
+                                 data.reshape(-1).copy())
         else:
-            queue.append((write, args))
+            inflight.issue_vm(w, ins)
 
-    def before_load(self, w) -> None:
-        """A wave sees its own earlier stores: retire them before it reads memory."""
-        if w.pending_stores:
-            self.retire(w.pending_stores, 0)
-
-    def before_lds(self, w) -> None:
-        """A wave's LDS accesses happen in order: its own queued LDS stores first."""
-        if w.pending_lds:
-            self.retire(w.pending_lds, 0)
-
-    def retire(self, queue, keep: int) -> None:
-        """Perform a wave's queued stores, oldest first, until `keep` remain."""
-        if len(queue) > keep:
-            while len(queue) > keep:
-                write, args = queue.popleft()
-                write(*args)
-            self.progress()
+    def atomic(self, w, addresses, dtype, update, sources, who):
+        """A read-modify-write at memory after the wave's own earlier stores; returns
+        the old values."""
+        if w.unperformed:
+            inflight.perform_own_stores(w, self.mem)
+        self.progress()
+        return self.mem.atomic(w, addresses, dtype, update, sources, who)
 
     def clock(self) -> int:
         """Wave-instructions executed on this machine so far, this one included."""
@@ -157,29 +158,27 @@ class DecodeContext:
 class Machine:
     """A gfx942/gfx950 device with no GPU: map host buffers, launch kernels from asm text."""
 
-    def __init__(self, arch: str, *, quantum: int = 256, stall_rounds: int = 2000,
-                 max_wave_instructions: int = 100_000_000, store_visibility: str = "waitcnt",
-                 trace=None, mfma_accumulate: str = "exact", transcendental_error_seed=None,
+    def __init__(self, arch: str, *, memory: str = "strict", quantum: int = 256,
+                 stall_rounds: int = 2000, max_wave_instructions: int = 100_000_000, trace=None,
+                 mfma_accumulate: str = "exact", transcendental_error_seed=None,
                  fnuz_negative_zero: int = 0x00):
-        """`store_visibility`: "waitcnt" (a global store becomes visible to other
-        waves when the storing wave's s_waitcnt vmcnt(N) or s_endpgm retires it: a
-        kernel that publishes a flag without waiting for its data stores then reads
-        stale data, as it may on the GPU) or "immediate" (visible at once).
-        `trace(wave, instruction)`, if given, is called after every executed
-        instruction (a debugging aid: it makes the launch several times slower).
-        `mfma_accumulate`, `transcendental_error_seed`, `fnuz_negative_zero`: the
-        results it picks where the hardware leaves room (`numerics.Options`)."""
+        """`memory`: "strict" (the GFX942 memory model, adversarial: coherence.py) or
+        "ideal" (one coherent memory, every access performed when issued: cheaper,
+        for unit tests of instructions). `trace(wave, instruction)`, if given, is
+        called after every executed instruction (a debugging aid: it makes the
+        launch several times slower). `mfma_accumulate`, `transcendental_error_seed`,
+        `fnuz_negative_zero`: the results it picks where the hardware leaves room
+        (`numerics.Options`)."""
         try:
             self.numerics = nx.Options(mfma_accumulate, transcendental_error_seed, fnuz_negative_zero)
         except ValueError as error:
             raise EmulatorError(str(error)) from None
-        if store_visibility not in STORE_VISIBILITY:
-            raise EmulatorError(f"store_visibility: expected one of {STORE_VISIBILITY}, "
-                                f"got {store_visibility!r}")
-        self.store_visibility = store_visibility
+        if memory not in MEMORY:
+            raise EmulatorError(f"memory: expected one of {tuple(MEMORY)}, got {memory!r}")
         if arch not in ARCH_LDS_BYTES:
             raise EmulatorError(f"arch: expected one of {tuple(ARCH_LDS_BYTES)}, got {arch!r}")
         self.arch = arch
+        self.memory_model = memory
         self.quantum = quantum
         self.stall_rounds = stall_rounds
         self.max_wave_instructions = max_wave_instructions
@@ -187,6 +186,7 @@ class Machine:
         self.memory = GlobalMemory()
         self._clock = 0
         self._progress = False
+        self._wake = {}
 
     def map(self, array, name: str | None = None) -> int:
         """Map a host array/tensor in place; returns its device address."""
@@ -210,19 +210,29 @@ class Machine:
         stats = Stats()
         for region in self.memory.regions:  # counters are per launch
             region.read = region.written = 0
-        ctx = DecodeContext(self, kernel, setup.accum_offset, stats)
+            region.touched = False
+        mem = MEMORY[self.memory_model](self.memory, self._wake_now)  # caches start empty
+        ctx = DecodeContext(self, kernel, setup.accum_offset, stats, mem)
         code, classes = self._decode(kernel, ctx)
         code = hazards.instrument(kernel, code, self.arch, setup.accum_offset)
+        scoreboard = inflight.Scoreboard(kernel, setup.accum_offset)
         launch_buffers = [self.memory.map(array, name) for name, array in setup.launch_buffers.items()]
         try:
-            groups = setup.workgroups(*launch_buffers, _order(order, grid))
+            groups = setup.workgroups(*launch_buffers, _order(order, grid), mem)
             with np.errstate(all="ignore"):  # integer wrap-around and IEEE specials are the ISA's
-                self._schedule(groups, code, kernel, stats)
+                self._schedule(groups, code, kernel, stats, scoreboard)
+            mem.end()
         finally:
             for base in launch_buffers:
                 self.memory.unmap(base)
+        stats.stale_bytes, stats.written_back = mem.stale_bytes, mem.written_back
         self._finish(stats, classes, groups)
         return stats
+
+    def _wake_now(self, wave) -> None:
+        """A sleeping wave runs again on its next turn (a store reached its poll)."""
+        if wave in self._wake:
+            self._wake[wave] = 0
 
     def _decode(self, kernel, ctx):
         code, classes = [], []
@@ -236,19 +246,19 @@ class Machine:
         classes.append("none")
         return code, classes
 
-    def _schedule(self, groups, code, kernel, stats: Stats) -> None:
+    def _schedule(self, groups, code, kernel, stats: Stats, scoreboard) -> None:
         waves = [w for g in groups for w in g.waves]
         hits = self._hits = [0] * len(code)
         live = [w for w in waves if not w.done]
         quiet_rounds, round_number, executed = 0, 0, 0
-        wake = {}
+        wake = self._wake = {}
         while live:
             round_number += 1
             self._progress = False
             for w in live:
                 if w.waiting or wake.get(w, 0) > round_number:
                     continue
-                ran, reason = self._run_quantum(w, code, hits, kernel)
+                ran, reason = self._run_quantum(w, code, hits, kernel, scoreboard)
                 executed += ran
                 if reason == "sleep":
                     wake[w] = round_number + 1 + w.sleep_rounds
@@ -265,13 +275,15 @@ class Machine:
         stats.rounds = round_number
         self._clock += executed
 
-    def _run_quantum(self, w, code, hits, kernel):
+    def _run_quantum(self, w, code, hits, kernel, scoreboard):
         """Run `w` for up to one quantum; returns (instructions run, why it stopped)."""
-        budget, trace = self.quantum, self.trace
+        budget, trace, touches = self.quantum, self.trace, scoreboard.touches
         pc = w.pc
         try:
             while budget:
                 pc = w.pc
+                if w.pending & touches[pc]:
+                    scoreboard.check(w, pc)
                 w.pc = pc + 1
                 hits[pc] += 1
                 budget -= 1
@@ -279,6 +291,8 @@ class Machine:
                 if trace is not None:
                     trace(w, kernel.instructions[pc] if pc < len(kernel.instructions) else None)
                 if signal:
+                    if signal == "retry":  # not done: the same instruction next turn
+                        w.pc, hits[pc], budget = pc, hits[pc] - 1, budget + 1
                     return self.quantum - budget, signal
         except EmulatorError as error:
             if "wave" in str(error):
@@ -371,12 +385,13 @@ def decode_control(ins, ctx):
     name = ins.mnemonic
     if name == "s_waitcnt":
         vm, lgkm = _counter(ins, "vmcnt"), _counter(ins, "lgkmcnt")
+        mem, progress = ctx.mem, ctx.progress
 
         def wait(w):
-            if vm is not None and w.pending_stores:
-                ctx.retire(w.pending_stores, vm)
-            if lgkm is not None and w.pending_lds:
-                ctx.retire(w.pending_lds, lgkm)
+            if vm is not None and len(w.vm) > vm and inflight.retire_vm(w, vm, mem, progress):
+                return "retry"
+            if lgkm is not None:
+                inflight.retire_lgkm(w, lgkm, progress)
         return wait
     if name in ("s_nop", "s_setprio", "s_icache_inv"):
         return lambda w: None
@@ -386,14 +401,17 @@ def decode_control(ins, ctx):
         def sleep(w):
             w.polls += 1
             w.sleep_rounds = rounds
+            ctx.mem.poll(w)
             return "sleep"
         return sleep
     if name == "s_barrier":
         return lambda w: _arrive(w, ctx)
     if name == "s_endpgm":
         def end(w):
-            ctx.retire(w.pending_stores, 0)
-            ctx.retire(w.pending_lds, 0)
+            if w.vm and inflight.retire_vm(w, 0, ctx.mem, ctx.progress):
+                return "retry"  # its stores still perform, one at a time
+            inflight.retire_lgkm(w, 0, ctx.progress)
+            ctx.mem.unpoll(w)
             w.done = True
             ctx.progress()
             _release_if_complete(w.group, ctx)
@@ -509,7 +527,7 @@ class LaunchSetup:
         packet[28:32] = np.array([self.lds_bytes], "<u4").view(np.uint8)
         return packet
 
-    def workgroups(self, kernarg: int, packet: int, queue: int, order: list[int]) -> list[Workgroup]:
+    def workgroups(self, kernarg: int, packet: int, queue: int, order: list[int], mem) -> list[Workgroup]:
         d = self.kernel.directive
         user = self._user_sgprs(kernarg, packet, queue)
         system = [axis for axis in "xyz" if d(f"system_sgpr_workgroup_id_{axis}", 0)]
@@ -520,7 +538,7 @@ class LaunchSetup:
         groups = []
         for linear in order:
             group_id = (linear % gx, (linear // gx) % gy, linear // (gx * gy))
-            group = Workgroup(linear, group_id, self.lds_bytes)
+            group = Workgroup(linear, group_id, self.lds_bytes, mem.cu(linear))
             sgprs = user + [group_id["xyz".index(axis)] for axis in system]
             for index in range((self.threads + LANES - 1) // LANES):
                 group.waves.append(self._wave(group, index, sgprs, tid_components))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import inflight
 from .errors import MemoryFault, UnsupportedInstruction
 from .memory import ATOMICS, apply_atomic
 
@@ -96,14 +97,31 @@ def load_lanes(w, row: int, data: np.ndarray, kind: str) -> None:
     write_rows(w, row, merged[:, None])
 
 
-def issued(counter, access):
+def vmem(counter, access, ins, dst: int = 0):
     """The instruction `access(w)`, run only when some lane is active, counted per
-    cache policy."""
+    cache policy; with exec 0 too it counts in vmcnt (a load's return writes `dst`)."""
     def run(w):
         if w.exec:
             counter[0] += 1
             access(w)
+        inflight.issue_vm(w, ins, dst if w.exec else 0)
     return run
+
+
+def vmem_store(counter, access, ins):
+    """A store: `access(w)` issues it (with exec 0 it still counts in vmcnt)."""
+    def run(w):
+        if w.exec:
+            counter[0] += 1
+            access(w)
+        else:
+            inflight.issue_vm(w, ins)
+    return run
+
+
+def row_bits(row: int, count: int) -> int:
+    """Scoreboard bits of vector registers row..row+count-1."""
+    return ((1 << count) - 1) << row
 
 
 def _access(suffix: str, ins, store: bool):
@@ -114,9 +132,10 @@ def _access(suffix: str, ins, store: bool):
 
 
 def _note_cache_policy(ctx, ins, kind: str):
-    policy = " ".join(bit for bit in CACHE_BITS if ins.modifiers.get(bit))
+    bits = ("glc",) if kind.startswith("smem") else CACHE_BITS  # SMEM keeps gfx9's glc
+    policy = " ".join(bit for bit in bits if ins.modifiers.get(bit))
     for legacy in ("glc", "slc", "dlc"):
-        if ins.modifiers.get(legacy) and ctx.arch in ("gfx942", "gfx950"):
+        if legacy not in bits and ins.modifiers.get(legacy) and ctx.arch in ("gfx942", "gfx950"):
             raise UnsupportedInstruction(f"{legacy} is not a gfx94x/95x cache bit ({ins.where()})")
     key = (kind, policy or "default")
     return ctx.stats.cache_policy.setdefault(key, [0]), policy
@@ -129,29 +148,34 @@ def decode_global(ins, ctx):
     segment, _, rest = ins.mnemonic.partition("_")  # global / flat
     op, _, suffix = rest.partition("_")
     offset = int(ins.modifiers.get("offset", "0"), 0)
-    memory = ctx.memory
     if op == "atomic":
         return _global_atomic(ins, ctx, suffix, offset, segment)
     if op not in ("load", "store") or suffix.startswith("lds"):
         raise UnsupportedInstruction(f"{ins.mnemonic} not implemented ({ins.where()})")
     size, kind = _access(suffix, ins, op == "store")
-    counter, _ = _note_cache_policy(ctx, ins, f"{segment} {op}")
+    counter, policy = _note_cache_policy(ctx, ins, f"{segment} {op}")
     if op == "load":
         data_op, addr_ops = ins.operands[0], ins.operands[1:]
     else:
         addr_ops, data_op = (ins.operands[0], *ins.operands[2:]), ins.operands[1]
     address = _global_address(ins, ctx, segment, addr_ops, offset)
     row = ctx.vector_row(ctx.operand(data_op, ins), registers(size), ins)
+    through_l1 = bypasses_l1(policy)
 
     if op == "load":
         def load(w):
-            ctx.before_load(w)
-            load_lanes(w, row, memory.read(address(w), size, who(w, ins)), kind)
-        return issued(counter, load)
+            load_lanes(w, row, ctx.load(w, address(w), size, who(w, ins), through_l1), kind)
+        return vmem(counter, load, ins, row_bits(row, registers(size)))
 
     def store(w):
-        ctx.store(w, memory.write, address(w), store_bytes(w, row, size, kind), who(w, ins))
-    return issued(counter, store)
+        ctx.store(w, ins, address(w), store_bytes(w, row, size, kind), who(w, ins))
+    return vmem_store(counter, store, ins)
+
+
+def bypasses_l1(policy: str) -> bool:
+    """Whether a load with these cache bits reads through the CU's L1: sc0 / sc1
+    (workgroup scope and wider) bypass it (coherence.py)."""
+    return not ("sc0" in policy or "sc1" in policy)
 
 
 def _global_address(ins, ctx, segment, operands, offset):
@@ -209,15 +233,12 @@ def _global_atomic(ins, ctx, name, offset, segment):
     data_row = ctx.vector_row(ctx.operand(operands[1], ins), form.words * form.values, ins)
     dst_row = ctx.vector_row(ctx.operand(ins.operands[0], ins), form.words, ins) if returns else None
     counter, _ = _note_cache_policy(ctx, ins, f"{segment} atomic")
-    memory = ctx.memory
 
     def atomic(w):
-        ctx.before_load(w)
-        old = memory.atomic(address(w), form.dtype, form.update, form.sources(w, data_row), who(w, ins))
+        old = ctx.atomic(w, address(w), form.dtype, form.update, form.sources(w, data_row), who(w, ins))
         if returns:
             write_rows(w, dst_row, form.returned(old))
-        ctx.progress()
-    return issued(counter, atomic)
+    return vmem(counter, atomic, ins, row_bits(dst_row, form.words) if returns else 0)
 
 
 # ---------------------------------------------------------------- buffer (MUBUF)
@@ -227,9 +248,7 @@ def decode_buffer(ins, ctx):
     _, _, rest = ins.mnemonic.partition("_")
     op, _, suffix = rest.partition("_")
     if op in ("wbl2", "inv", "wbinvl1"):
-        counter, _ = _note_cache_policy(ctx, ins, ins.mnemonic)
-
-        return issued(counter, lambda w: None)
+        return _cache_control(ins, ctx, op)
     if ins.modifiers.get("lds") or suffix.startswith("format") or op not in ("load", "store", "atomic"):
         raise UnsupportedInstruction(f"{ins.mnemonic} not implemented ({ins.where()})")
     data_op, vaddr_op, rsrc_op, soffset_op = ins.operands
@@ -240,7 +259,7 @@ def decode_buffer(ins, ctx):
         raise UnsupportedInstruction(f"buffer resource {rsrc_op!r} is not 4 SGPRs ({ins.where()})")
     soffset = ctx.scalar_reader(soffset_op, 32, ins)
     vrow = ctx.vector_row(ctx.operand(vaddr_op, ins), int(offen) + int(idxen), ins) if offen or idxen else None
-    counter, _ = _note_cache_policy(ctx, ins, f"buffer {op}")
+    counter, policy = _note_cache_policy(ctx, ins, f"buffer {op}")
     s0 = rsrc.index
 
     def locate(w, element: int, count: int):
@@ -279,40 +298,36 @@ def decode_buffer(ins, ctx):
     element = min(size, 4)
     count = size // element
     row = ctx.vector_row(ctx.operand(data_op, ins), registers(size), ins)
-    memory = ctx.memory
+    through_l1 = bypasses_l1(policy)
 
     if op == "load":
         def load(w):
-            ctx.before_load(w)
             addresses, in_range = locate(w, element, count)
             if in_range is None:
-                load_lanes(w, row, memory.read(addresses, size, who(w, ins)), kind)
+                load_lanes(w, row, ctx.load(w, addresses, size, who(w, ins), through_l1), kind)
                 return
             data = np.zeros(addresses.shape + (element,), np.uint8)
             if in_range.any():
-                data[in_range] = memory.read(addresses[in_range], element, who(w, ins))
+                data[in_range] = ctx.load(w, addresses[in_range], element, who(w, ins), through_l1)
             load_lanes(w, row, data.reshape(addresses.shape[0], size), kind)
-        return issued(counter, load)
+        return vmem(counter, load, ins, row_bits(row, registers(size)))
 
     def store(w):
         addresses, in_range = locate(w, element, count)
         if in_range is None:
-            ctx.store(w, memory.write, addresses, store_bytes(w, row, size, kind), who(w, ins))
+            ctx.store(w, ins, addresses, store_bytes(w, row, size, kind), who(w, ins))
         else:
             data = store_bytes(w, row, size, kind).reshape(addresses.shape + (element,))
-            if in_range.any():
-                ctx.store(w, memory.write, addresses[in_range], data[in_range], who(w, ins))
-    return issued(counter, store)
+            ctx.store(w, ins, addresses[in_range], data[in_range], who(w, ins))
+    return vmem_store(counter, store, ins)
 
 
 def _buffer_atomic(ins, ctx, name, data_op, locate, counter):
     form = AtomicForm(name, ins)
     returns = bool(ins.modifiers.get("sc0") or ins.modifiers.get("glc"))
     row = ctx.vector_row(ctx.operand(data_op, ins), form.words * form.values, ins)
-    memory = ctx.memory
 
     def atomic(w):
-        ctx.before_load(w)
         addresses, in_range = locate(w, form.dtype.itemsize, 1)
         if in_range is None:
             in_range = np.ones(addresses.size, bool)
@@ -321,11 +336,27 @@ def _buffer_atomic(ins, ctx, name, data_op, locate, counter):
         old = np.zeros(addresses.size, form.dtype)  # out of range: not performed, returns 0
         if in_range.any():
             sources = [s[in_range] for s in form.sources(w, row)]
-            old[in_range] = memory.atomic(addresses[in_range], form.dtype, form.update, sources, who(w, ins))
+            old[in_range] = ctx.atomic(w, addresses[in_range], form.dtype, form.update, sources, who(w, ins))
         if returns:
             write_rows(w, row, form.returned(old))
-        ctx.progress()
-    return issued(counter, atomic)
+    return vmem(counter, atomic, ins, row_bits(row, form.words) if returns else 0)
+
+
+def _cache_control(ins, ctx, op):
+    """buffer_wbl2 (counted in vmcnt, performed when retired), buffer_inv and
+    buffer_wbinvl1 (in effect at once for the wave's later accesses)."""
+    counter, policy = _note_cache_policy(ctx, ins, ins.mnemonic)
+    agent = "sc1" in policy
+    if op == "wbl2":
+        def writeback(w):
+            counter[0] += 1
+            inflight.issue_writeback(w, ins, ctx.mem, agent)
+        return writeback
+
+    def invalidate(w):
+        counter[0] += 1
+        ctx.mem.invalidate(w.group.cu, l1=True, l2=agent and op == "inv")
+    return invalidate
 
 
 # ---------------------------------------------------------------- scalar memory (SMEM)
@@ -335,9 +366,15 @@ def decode_smem(ins, ctx):
     name = ins.mnemonic
     if name in ("s_memtime", "s_memrealtime"):
         write = ctx.scalar_writer(ins.operands[0], 64, ins)
-        # Deterministic clock: wave-instructions executed by the launch so far.
-        return lambda w: write(w, ctx.clock())
-    if name in ("s_dcache_inv", "s_dcache_wb"):
+        dst = scalar_bits(ctx.operand(ins.operands[0], ins))
+
+        def clock(w):  # deterministic: wave-instructions executed by the launch so far
+            write(w, ctx.clock())
+            inflight.issue_smem(w, ins, dst)
+        return clock
+    if name == "s_dcache_inv":
+        return lambda w: ctx.mem.invalidate_scalar(w.group.cu)
+    if name == "s_dcache_wb":  # nothing to write back: the kernels make no scalar stores
         return lambda w: None
     op, _, suffix = name.partition("_load_")
     if op not in ("s", "s_buffer") or suffix not in ("dword", "dwordx2", "dwordx4", "dwordx8", "dwordx16"):
@@ -350,7 +387,8 @@ def decode_smem(ins, ctx):
     offset = ctx.scalar_reader(ins.operands[2], 32, ins) if len(ins.operands) > 2 else (lambda w: 0)
     extra = int(ins.modifiers.get("offset", "0"), 0)
     memory, first, b = ctx.memory, dst.index, base_op.index
-    counter, _ = _note_cache_policy(ctx, ins, "smem load")
+    counter, policy = _note_cache_policy(ctx, ins, "smem load")
+    cached, dst_bits = policy != "glc", scalar_bits(dst)
 
     def load(w):
         counter[0] += 1
@@ -364,11 +402,17 @@ def decode_smem(ins, ctx):
         words = [0] * count
         if valid:
             region = memory.region_of(address, 4 * valid, who(w, ins))
-            start = address - region.base
-            words[:valid] = region.data[start:start + 4 * valid].view("<u4").tolist()
+            raw = ctx.mem.load_scalar(w, region, address - region.base, 4 * valid, cached)
+            words[:valid] = raw.view("<u4").tolist()
             region.read += 4 * valid
         w.s[first:first + count] = words
+        inflight.issue_smem(w, ins, dst_bits)
     return load
+
+
+def scalar_bits(op) -> int:
+    """Scoreboard bits of an SGPR operand."""
+    return ((1 << op.count) - 1) << (inflight.SGPR_BIT + op.index)
 
 
 # ---------------------------------------------------------------- LDS (DS)
@@ -421,10 +465,14 @@ def _ds_move(ins, ctx, op, suffix):
     span = np.arange(size)
 
     if is_load:
+        dst_bits = row_bits(data_rows[0], registers(size) * len(offsets))
+
         def lds_load(w):
             if not w.exec:
+                inflight.issue_lds(w, ins)
                 return
-            ctx.before_lds(w)
+            if w.lds_unperformed:
+                inflight.drain_lds(w)
             lds = w.group.lds
             # Both halves of a read2 are read before either is written: the
             # destination may overlap the address register.
@@ -433,20 +481,23 @@ def _ds_move(ins, ctx, op, suffix):
             for row, values in zip(data_rows, data):
                 load_lanes(w, row, values, kind)
                 stats.lds_read += values.size
+            inflight.issue_lds(w, ins, dst_bits)
         return lds_load
 
     def lds_store(w):
         if not w.exec:
+            inflight.issue_lds(w, ins)
             return
-        for row, offset in zip(data_rows, offsets):
-            cells = _lds_addresses(w, addr_row, offset, size, ins)[:, None] + span
-            ctx.lds_store(w, _write_lds, w.group.lds, cells, store_bytes(w, row, size, kind), stats)
+        writes = [(_lds_addresses(w, addr_row, offset, size, ins)[:, None] + span,
+                   store_bytes(w, row, size, kind)) for row, offset in zip(data_rows, offsets)]
+        inflight.issue_lds_store(w, ins, ctx.mem, _write_lds, (w.group.lds, writes, stats))
     return lds_store
 
 
-def _write_lds(lds, cells, data, stats) -> None:
-    lds[cells] = data
-    stats.lds_written += data.size
+def _write_lds(lds, writes, stats) -> None:
+    for cells, data in writes:
+        lds[cells] = data
+        stats.lds_written += data.size
 
 
 def _ds_atomic(ins, ctx):
@@ -466,11 +517,14 @@ def _ds_atomic(ins, ctx):
     dst_row = ctx.vector_row(ctx.operand(ins.operands[0], ins), per_value, ins) if returns else None
     offset = int(ins.modifiers.get("offset", "0"), 0)
     update, stats = ATOMICS[op], ctx.stats
+    dst_bits = row_bits(dst_row, per_value) if returns else 0
 
     def lds_atomic(w):
         if not w.exec:
+            inflight.issue_lds(w, ins)
             return
-        ctx.before_lds(w)
+        if w.lds_unperformed:
+            inflight.drain_lds(w)
         addresses = _lds_addresses(w, addr_row, offset, dtype.itemsize, ins)
         sources = [read_rows(w, row, per_value).view(dtype)[:, 0] for row in data_rows]
         old = apply_atomic(w.group.lds, addresses, dtype, update, sources, who(w, ins))
@@ -479,6 +533,7 @@ def _ds_atomic(ins, ctx):
         if returns:
             write_rows(w, dst_row, old.view(U32).reshape(-1, per_value))
         ctx.progress()
+        inflight.issue_lds(w, ins, dst_bits)
     return lds_atomic
 
 
@@ -530,6 +585,7 @@ def _ds_swizzle(ins, ctx):
         # A lane reading an inactive lane gets 0 (as the other cross-lane DS ops).
         value = np.where(w.mask[src], w.r[data][src], U32(0))
         np.copyto(w.r[dst], value, where=w.mask)
+        inflight.issue_lds(w, ins, row_bits(dst, 1))  # an LDS-counter op: lgkmcnt covers it
     return swizzle
 
 
@@ -547,6 +603,7 @@ def _ds_permute(ins, ctx):
             writers = np.flatnonzero(w.mask)
             value[lanes[writers]] = w.r[data][writers]
         np.copyto(w.r[dst], value, where=w.mask)
+        inflight.issue_lds(w, ins, row_bits(dst, 1))
     return permute
 
 

@@ -32,6 +32,7 @@ class Region:
     owner: object  # keeps the mapped object alive
     read: int = 0
     written: int = 0
+    touched: bool = False  # a store of the current launch wrote to it
 
     @property
     def end(self) -> int:
@@ -83,6 +84,44 @@ class GlobalMemory:
                 return region
         raise MemoryFault(f"unmapped global address 0x{address:x} (+{size} bytes) by {who()}")
 
+    def region_at(self, address: int) -> Region | None:
+        """The buffer mapped at `address`, or None."""
+        index = bisect.bisect(self.bases, address) - 1
+        if index >= 0 and address < self.regions[index].end:
+            return self.regions[index]
+        return None
+
+    def touched(self, addresses: np.ndarray, size: int, region: Region) -> bool:
+        """Whether an access (whose first lane is in `region`) reaches a buffer some
+        store of the launch wrote to."""
+        if int(addresses.max()) + size <= region.end and int(addresses.min()) >= region.base:
+            return region.touched
+        return any(r.touched for r, _, _ in self.locate(addresses, size, lambda: "a load"))
+
+    def _spans(self, flat: np.ndarray):
+        """(region, positions in flat, byte offsets) for the mapped bytes of `flat`."""
+        region = self.region_at(int(flat[0]))
+        if region is not None and int(flat.max()) < region.end and int(flat.min()) >= region.base:
+            return ((region, slice(None), flat - region.base),)
+        spans = []
+        for region in self.regions:
+            where = np.flatnonzero((flat >= region.base) & (flat < region.end))
+            if where.size:
+                spans.append((region, where, flat[where] - region.base))
+        return spans
+
+    def peek(self, flat: np.ndarray) -> np.ndarray:
+        """uint8 at byte addresses `flat` (0 where nothing is mapped), uncounted."""
+        out = np.zeros(flat.size, np.uint8)
+        for region, where, offsets in self._spans(flat):
+            out[where] = region.data[offsets]
+        return out
+
+    def poke(self, flat: np.ndarray, values: np.ndarray) -> None:
+        """Write bytes at `flat` (unmapped ones are dropped), uncounted."""
+        for region, where, offsets in self._spans(flat):
+            region.data[offsets] = values[where]
+
     def locate(self, addresses: np.ndarray, size: int, who) -> list[tuple[Region, np.ndarray, np.ndarray]]:
         """[(region, lane positions, byte offsets)] covering every address (one region usually)."""
         region = self.region_of(int(addresses[0]), size, who)
@@ -104,13 +143,6 @@ class GlobalMemory:
             out[lanes] = region.data[offsets[:, None] + span]
             region.read += offsets.size * size
         return out
-
-    def write(self, addresses: np.ndarray, data: np.ndarray, who) -> None:
-        size = data.shape[1]
-        span = np.arange(size)
-        for region, lanes, offsets in self.locate(addresses, size, who):
-            region.data[offsets[:, None] + span] = data[lanes]
-            region.written += offsets.size * size
 
     def atomic(self, addresses: np.ndarray, dtype, update, sources, who) -> np.ndarray:
         """Apply `update(old, *lane_sources)` lane by lane in lane order; returns the old values."""

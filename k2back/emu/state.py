@@ -47,15 +47,21 @@ class Wave:
         "group",
         "i",
         "index",
+        "last_load",
+        "lds",
+        "lds_unperformed",
         "mask",
         "pc",
-        "pending_lds",
-        "pending_stores",
+        "pending",
+        "polled_lines",
         "polls",
         "r",
         "s",
         "scc",
         "sleep_rounds",
+        "smem",
+        "unperformed",
+        "vm",
         "waiting",
     )
 
@@ -72,9 +78,15 @@ class Wave:
         self.waiting = False  # at a barrier
         self.polls = 0  # s_sleep executions
         self.sleep_rounds = 0
-        # stores issued but not yet performed (store_visibility="waitcnt"): global / LDS
-        self.pending_stores = collections.deque()
-        self.pending_lds = collections.deque()
+        # outstanding memory instructions by counter (inflight.Op), oldest first
+        self.vm = collections.deque()  # vmcnt
+        self.lds = collections.deque()  # lgkmcnt, LDS (in order)
+        self.smem = collections.deque()  # lgkmcnt, SMEM (out of order)
+        self.pending = 0  # scoreboard: registers an outstanding load still writes (bit mask)
+        self.unperformed = 0  # stores / write-backs in `vm` not performed yet
+        self.lds_unperformed = 0
+        self.last_load = None  # (lane addresses, bytes a lane) of the last vector load
+        self.polled_lines = ()  # the lines it sleeps on (coherence.StrictMemory.poll)
         self.set_exec(M64)
 
     def set_exec(self, value: int) -> None:
@@ -88,10 +100,11 @@ class Wave:
 
 
 class Workgroup:
-    __slots__ = ("arrived", "id", "index", "lds", "waves")
+    __slots__ = ("arrived", "cu", "id", "index", "lds", "waves")
 
-    def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int):
+    def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int, cu=None):
         self.index = index
+        self.cu = cu  # its compute unit's caches (coherence.Cu)
         self.id = group_id
         self.lds = np.zeros(max(lds_bytes, 4), dtype=np.uint8)
         self.waves: list[Wave] = []

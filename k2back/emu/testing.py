@@ -89,8 +89,8 @@ hand:
 
 
 def run_handwritten(arch: str, body: str, out: np.ndarray, lds_bytes: int = 0, agprs: int = 0,
-                    **launch):
-    machine = Machine(arch)
+                    memory: str = "strict", **launch):
+    machine = Machine(arch, memory=memory)
     kernargs = machine.map(out).to_bytes(8, "little")
     return machine.launch(handwritten(arch, body, lds_bytes, agprs), "hand", kernargs=kernargs,
                           **launch)

@@ -1,0 +1,528 @@
+"""The memory system of a launch: which copy of a byte a read returns, and when
+a performed store reaches the other XCDs.
+
+`Machine(arch, memory=...)` picks one of two models:
+
+"ideal": one coherent memory; an access is performed when it is issued.
+
+"strict" (the default): the GFX942 memory model as LLVM's AMDGPUUsage states
+it ("Memory Model GFX942", which gfx950 follows; SPEC §4), every freedom it
+leaves taken against the kernel, deterministically. Sources:
+[LLVM] llvm/docs/AMDGPUUsage.rst, "Memory Model GFX942" and its code-sequence
+table; [SIML] llvm/lib/Target/AMDGPU/SIMemoryLegalizer.cpp, SIGfx940CacheControl;
+[ROCm] rocm.blogs.amd.com "Deep dive into the MI300 compute and memory partition
+modes" (8 XCDs, each with its own L2); [CK] ROCm/composable_kernel PR 3652 (MI300:
+"workgroups are typically scheduled round-robin across XCDs") and iree-org/wave
+PR 1001 (MI350: "the hardware assigns flat workgroup indices round robin to 8 XCD").
+
+Topology: workgroup i runs on a CU of its own on XCD i mod 8 [ROCm, CK] (a CU of
+its own: no two workgroups share an L1, the least coherent placement).
+
+What each level keeps, and what a read returns:
+- memory (the mapped host arrays): the coherence point of all XCDs.
+- L2, one per XCD, write-back. A performed store is a dirty byte in the L2 of the
+  storing CU's XCD, visible to that XCD only. `buffer_wbl2 sc1` (agent scope) or
+  `sc0 sc1` (system) "will writeback dirty L2 cache lines" [LLVM] (all of the XCD's,
+  when the s_waitcnt vmcnt that covers it retires it); `buffer_wbl2` without sc1
+  (workgroup / wavefront scope) writes nothing back [SIML: "no caches it would
+  writeback"]. Clean bytes are as old as the L2's last invalidation (`buffer_inv
+  sc1` or `sc0 sc1` by any wave of the XCD, or the kernel start): nothing in the
+  model says when a line was fetched, so every line is taken as fetched at that
+  moment and kept ("the oldest value the model allows"). A load's scope bits do
+  not get past a stale L2 copy: only the acquire's `buffer_inv sc1` drops it [LLVM:
+  it "ensures that following loads will not see stale global data"]. This is the
+  strict reading: LLVM's code sequences never rely on a load's sc1 for freshness
+  (its seq_cst mapping would need agent-scope loads kept coherent by the hardware),
+  so a kernel that reads hand-off data with sc1 loads must still acquire.
+- vector L1, one per CU, write-through: a line holds what the L2 showed when the CU
+  first read it after the L1's last invalidation (`buffer_inv` sc0 or sc1), and the
+  CU's own stores. Loads with sc0 or sc1 bypass it (the scope bits make a load
+  bypass the caches not coherent at its scope [SIML enableLoadCacheBypass]);
+  read-modify-write atomics bypass it [LLVM].
+- scalar cache, one per CU: the same for SMEM loads; vector stores do not update
+  it ("the scalar and vector L1 caches are not coherent" [LLVM]); `s_dcache_inv`
+  drops it, an `s_load ... glc` bypasses it.
+- Read-modify-write atomics are performed at memory (agent scope needs no sc1 on
+  them [SIML enableRMWCacheBypass]), after the XCD's own dirty copy of the bytes.
+- Eventual visibility (what lets a flag poll end): when a wave sleeps (`s_sleep`,
+  the back-off of every poll loop), the lines of its last vector load are made
+  coherent for it: every L2's dirty bytes there are written back and its own
+  stale copies dropped; a store performed into a line some wave sleeps on is
+  written back at once and wakes the sleeper. Flags arrive as early as allowed,
+  everything else as late as allowed. (A poll loop that never sleeps gets no such
+  help and ends in Deadlock: harsher than the GPU; our kernels sleep between polls.)
+- Kernel boundaries: the launch starts with empty caches (the CP invalidates them
+  at dispatch [LLVM]) and ends by writing every L2 back (the end-of-kernel
+  release), so memory is what the next launch and the host see.
+
+When stores are performed (their order in a wave's queue) is `inflight`'s business;
+this module performs them. Addresses here are byte addresses (int64 arrays).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+XCDS = 8
+LINE_BITS = 7  # 128-byte lines
+PAGE_BITS = 12  # overlays are kept in 4 KiB pages
+PAGE = 1 << PAGE_BITS
+LINE = 1 << LINE_BITS
+MEMORY_MODELS = ("strict", "ideal")
+
+
+def byte_addresses(addresses: np.ndarray, size: int) -> np.ndarray:
+    """int64 [lanes * size]: every byte of a `size`-byte access at each lane address."""
+    return (addresses.astype(np.int64)[:, None] + np.arange(size)).reshape(-1)
+
+
+def lines_of(addresses: np.ndarray, size: int) -> np.ndarray:
+    """The distinct line numbers an access of `size` bytes at each address touches."""
+    starts = addresses.astype(np.int64)
+    first, last = starts >> LINE_BITS, (starts + size - 1) >> LINE_BITS
+    if (first == last).all():
+        return np.unique(first)
+    return np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
+
+
+def line_bytes(line: int) -> np.ndarray:
+    return (line << LINE_BITS) + np.arange(LINE, dtype=np.int64)
+
+
+class Overlay:
+    """Bytes held at device addresses, sparse in pages: a cache's copies."""
+
+    __slots__ = ("pages",)
+
+    def __init__(self):
+        self.pages = {}  # page number -> (data uint8 [PAGE], present bool [PAGE])
+
+    def __bool__(self) -> bool:
+        return bool(self.pages)
+
+    @staticmethod
+    def _by_page(flat: np.ndarray):
+        """(page, positions in flat: None for all or a slice / index array, offsets
+        in the page) per page the addresses fall in."""
+        pages = flat >> PAGE_BITS
+        first, last = pages[0], pages[-1]
+        if first == last and (pages == first).all():
+            return ((int(first), None, flat & (PAGE - 1)),)
+        steps = np.diff(pages)
+        if (steps >= 0).all():  # sorted (lanes in order, or a page walk): cut at each new page
+            cuts = np.flatnonzero(steps) + 1
+            bounds = [0, *cuts.tolist(), flat.size]
+            return [(int(pages[a]), slice(a, b), flat[a:b] & (PAGE - 1)) for a, b in itertools.pairwise(bounds)]
+        keys, inverse = np.unique(pages, return_inverse=True)
+        groups = []
+        for i, page in enumerate(keys.tolist()):
+            where = np.flatnonzero(inverse == i)
+            groups.append((page, where, flat[where] & (PAGE - 1)))
+        return groups
+
+    def has_page(self, flat: np.ndarray) -> bool:
+        """Whether it holds anything in the page of flat's first byte (a quick test)."""
+        return int(flat[0]) >> PAGE_BITS in self.pages
+
+    def apply(self, flat: np.ndarray, values: np.ndarray) -> int:
+        """Overwrite `values` where this overlay holds the byte; returns how many."""
+        if not self.pages:
+            return 0
+        count = 0
+        for page, where, offsets in self._by_page(flat):
+            entry = self.pages.get(page)
+            if entry is None:
+                continue
+            data, present = entry
+            hit = present[offsets]
+            if hit.any():
+                positions = np.flatnonzero(hit)
+                if isinstance(where, slice):
+                    positions += where.start
+                elif where is not None:
+                    positions = where[hit]
+                values[positions] = data[offsets[hit]]
+                count += positions.size
+        return count
+
+    def put(self, flat: np.ndarray, values: np.ndarray, missing_only: bool = False) -> None:
+        """Hold `values` at `flat` (with missing_only: only where nothing is held yet)."""
+        for page, where, offsets in self._by_page(flat):
+            entry = self.pages.get(page)
+            if entry is None:
+                entry = self.pages[page] = (np.zeros(PAGE, np.uint8), np.zeros(PAGE, bool))
+            data, present = entry
+            chosen = values if where is None else values[where]
+            if missing_only:
+                new = ~present[offsets]
+                data[offsets[new]] = chosen[new]
+            else:
+                data[offsets] = chosen
+            present[offsets] = True
+
+    def drop(self, flat: np.ndarray) -> None:
+        if not self.pages:
+            return
+        for page, _, offsets in self._by_page(flat):
+            entry = self.pages.get(page)
+            if entry is not None:
+                entry[1][offsets] = False
+
+    def take(self, flat: np.ndarray | None = None):
+        """(addresses, values) of the held bytes (all, or those among `flat`), in
+        address order, no longer held; None when there are none."""
+        addresses, values = [], []
+        for page, _, offsets in (self._by_page(flat) if flat is not None else
+                                 [(page, None, None) for page in sorted(self.pages)]):
+            entry = self.pages.get(page)
+            if entry is None:
+                continue
+            data, present = entry
+            offsets = np.flatnonzero(present) if offsets is None else offsets[present[offsets]]
+            if offsets.size:
+                addresses.append((page << PAGE_BITS) + offsets)
+                values.append(data[offsets].copy())
+                present[offsets] = False
+            if not present.any():
+                del self.pages[page]
+        if not addresses:
+            return None
+        return np.concatenate(addresses), np.concatenate(values)
+
+    def lines(self) -> np.ndarray:
+        """Line numbers in which this overlay holds a byte."""
+        found = [(page << (PAGE_BITS - LINE_BITS)) + np.flatnonzero(present.reshape(-1, LINE).any(1))
+                 for page, (_, present) in self.pages.items()]
+        return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+
+
+class PrivateCache:
+    """A CU's vector L1 or scalar cache. It holds the lines read through it since its
+    last invalidation (`held`, line by line; `regions`, whole buffers read before
+    any store touched them), each as the L2 showed it then: once the L2's view of a
+    held line changes, `copies` keeps the line's old bytes (`saved`)."""
+
+    __slots__ = ("copies", "held", "l2", "regions", "saved")
+
+    def __init__(self, l2):
+        self.l2 = l2
+        self.copies = Overlay()
+        self.held = set()
+        self.regions = set()
+        self.saved = set()
+
+    def hold(self, lines: np.ndarray) -> None:
+        holders = self.l2.holders
+        for line in lines.tolist():
+            if line not in self.held:
+                self.held.add(line)
+                holders.setdefault(line, set()).add(self)
+
+    def hold_region(self, base: int) -> None:
+        if base not in self.regions:
+            self.regions.add(base)
+            self.l2.region_readers.setdefault(base, set()).add(self)
+
+    def drop(self, line: int) -> None:
+        self.copies.drop(line_bytes(line))
+        self.saved.discard(line)
+
+    def invalidate(self) -> None:
+        for index, keys in ((self.l2.holders, self.held), (self.l2.region_readers, self.regions)):
+            for key in keys:
+                owners = index.get(key)
+                if owners is not None:
+                    owners.discard(self)
+                    if not owners:
+                        del index[key]
+            keys.clear()
+        self.saved.clear()
+        self.copies = Overlay()
+
+
+class L2:
+    """One XCD's L2: `dirty` bytes its CUs stored, not yet written back; `stale`
+    copies of memory as it was at the L2's last invalidation (for the bytes memory
+    changed since); the CU caches above it that hold each line."""
+
+    __slots__ = ("dirty", "holders", "index", "region_readers", "stale")
+
+    def __init__(self, index: int):
+        self.index = index
+        self.dirty = Overlay()
+        self.stale = Overlay()
+        self.holders = {}  # line -> {PrivateCache}
+        self.region_readers = {}  # buffer base -> {PrivateCache}
+
+
+class Cu:
+    """A compute unit: its vector L1 and scalar cache, above its XCD's L2."""
+
+    __slots__ = ("l1", "l2", "scalar")
+
+    def __init__(self, l2: L2):
+        self.l2 = l2
+        self.l1 = PrivateCache(l2)
+        self.scalar = PrivateCache(l2)
+
+
+class IdealMemory:
+    """One coherent memory: every access performed when issued, nothing cached."""
+
+    strict = False
+
+    def __init__(self, memory, wake=None):
+        self.memory = memory
+        self.stale_bytes = self.written_back = 0
+
+    def cu(self, workgroup: int) -> Cu:
+        return Cu(L2(workgroup % XCDS))
+
+    def touch(self, addresses: np.ndarray, size: int, who) -> None:
+        """A store of `size` bytes a lane is issued: it must be mapped (else
+        MemoryFault); the buffers it writes are marked and count the bytes."""
+        for region, _, offsets in self.memory.locate(addresses, size, who):
+            region.written += offsets.size * size
+            region.touched = True
+
+    def load(self, w, addresses, size: int, who, through_l1: bool) -> np.ndarray:
+        return self.memory.read(addresses, size, who)
+
+    def load_scalar(self, w, region, start: int, count: int, cached: bool) -> np.ndarray:
+        return region.data[start:start + count].copy()
+
+    def store(self, cu, flat, values) -> bool:
+        self.memory.poke(flat, values)
+        return False
+
+    def atomic(self, w, addresses, dtype, update, sources, who):
+        return self.memory.atomic(addresses, dtype, update, sources, who)
+
+    def writeback(self, cu, agent: bool) -> None:
+        pass
+
+    def invalidate(self, cu, l1: bool, l2: bool) -> None:
+        pass
+
+    def invalidate_scalar(self, cu) -> None:
+        pass
+
+    def poll(self, w) -> None:
+        pass
+
+    def unpoll(self, w) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+class StrictMemory(IdealMemory):
+    """The strict model of the module docstring: 8 L2s, an L1 and a scalar cache a CU."""
+
+    strict = True
+
+    def __init__(self, memory, wake):
+        super().__init__(memory)
+        self.wake = wake  # fn(wave): a sleeping wave runs again at once
+        self.l2s = [L2(i) for i in range(XCDS)]
+        self.polled = {}  # line -> {waves sleeping on it}
+
+    def cu(self, workgroup: int) -> Cu:
+        return Cu(self.l2s[workgroup % XCDS])
+
+    # ------------------------------------------------------------------ reads
+
+    def load(self, w, addresses, size: int, who, through_l1: bool) -> np.ndarray:
+        data = self.memory.read(addresses, size, who)
+        cu = w.group.cu
+        region = self.memory.region_of(int(addresses[0]), size, who)
+        if not self.memory.touched(addresses, size, region):
+            if through_l1:
+                cu.l1.hold_region(region.base)
+            return data
+        flat = byte_addresses(addresses, size)
+        values = data.reshape(-1)
+        self._view(cu.l2, flat, values, count=True)
+        if through_l1:
+            self.stale_bytes += cu.l1.copies.apply(flat, values)
+            cu.l1.hold(lines_of(addresses, size))
+        return data
+
+    def load_scalar(self, w, region, start: int, count: int, cached: bool) -> np.ndarray:
+        values = region.data[start:start + count].copy()
+        cu = w.group.cu
+        if not region.touched:
+            if cached:
+                cu.scalar.hold_region(region.base)
+            return values
+        flat = region.base + start + np.arange(count, dtype=np.int64)
+        self._view(cu.l2, flat, values, count=True)
+        if cached:
+            self.stale_bytes += cu.scalar.copies.apply(flat, values)
+            cu.scalar.hold(np.unique(flat >> LINE_BITS))
+        return values
+
+    def _view(self, l2: L2, flat, values, count: bool = False) -> None:
+        """`values` (memory's bytes at `flat`) as `l2` shows them: stale copies, then
+        its dirty bytes."""
+        stale = l2.stale.apply(flat, values)
+        if count:
+            self.stale_bytes += stale
+        l2.dirty.apply(flat, values)
+
+    # ------------------------------------------------------------------ writes
+
+    def store(self, cu, flat, values) -> bool:
+        """Perform a store: dirty in the XCD's L2, seen by the CU's own L1 (write-
+        through). Returns whether it reached a line some wave sleeps on."""
+        l2 = cu.l2
+        lines = np.unique(flat >> LINE_BITS) if l2.holders or l2.region_readers or self.polled else None
+        if l2.holders or l2.region_readers:
+            self._save_lines(l2, lines, keep=cu.l1)
+        l2.dirty.put(flat, values)
+        cu.l1.copies.drop(flat)
+        return bool(self.polled) and self._reach_pollers(lines)
+
+    def atomic(self, w, addresses, dtype, update, sources, who):
+        """Performed at memory, after the XCD's own dirty copy of the bytes; the L1
+        is bypassed (it keeps what it held)."""
+        cu = w.group.cu
+        l2 = cu.l2
+        flat = byte_addresses(addresses, dtype.itemsize)
+        for region, _, _ in self.memory.locate(addresses, dtype.itemsize, who):
+            region.touched = True
+        self._write_back(l2, l2.dirty.take(flat))
+        lines = np.unique(flat >> LINE_BITS)
+        self._save_lines(l2, lines, keep=None)
+        self._memory_changes(flat, l2)
+        old = self.memory.atomic(addresses, dtype, update, sources, who)
+        l2.stale.drop(flat)
+        if self.polled:
+            self._reach_pollers(lines)
+        return old
+
+    def writeback(self, cu, agent: bool) -> None:
+        """buffer_wbl2 performed: at agent or system scope the XCD's dirty lines go
+        to memory; at narrower scopes there is nothing to write back."""
+        if agent:
+            self._write_back(cu.l2, cu.l2.dirty.take())
+
+    def _write_back(self, l2: L2, taken) -> None:
+        if taken is None:
+            return
+        flat, values = taken
+        self._memory_changes(flat, l2)
+        self.memory.poke(flat, values)
+        l2.stale.drop(flat)  # its own copy is the new, clean line
+        self.written_back += flat.size
+
+    def _memory_changes(self, flat, source: L2) -> None:
+        """Memory's bytes at `flat` are about to change: every other L2 keeps them as
+        it saw them (its view does not move until it is invalidated)."""
+        old = self.memory.peek(flat)
+        for l2 in self.l2s:
+            if l2 is not source:
+                l2.stale.put(flat, old, missing_only=True)
+
+    def _save_lines(self, l2: L2, lines, keep) -> None:
+        """`l2`'s view of `lines` is about to change: the CU caches holding them (but
+        `keep`, whose copy follows the change) keep the lines as they were."""
+        region = None
+        for line in np.asarray(lines).tolist():
+            owners = l2.holders.get(line)
+            if l2.region_readers:
+                address = line << LINE_BITS
+                if region is None or not region.base <= address < region.end:
+                    region = self.memory.region_at(address)
+                readers = l2.region_readers.get(region.base) if region is not None else None
+                if readers:
+                    owners = readers if not owners else owners | readers
+            if not owners:
+                continue
+            savers = [c for c in owners if c is not keep and line not in c.saved]
+            if not savers:
+                continue
+            where = line_bytes(line)
+            view = self.memory.peek(where)
+            self._view(l2, where, view)
+            for cache in savers:
+                cache.copies.put(where, view, missing_only=True)
+                cache.saved.add(line)
+
+    # ------------------------------------------------------------------ invalidation
+
+    def invalidate(self, cu, l1: bool, l2: bool) -> None:
+        """buffer_inv: sc0 drops the CU's L1, sc1 also every clean line of its L2."""
+        if l1 or l2:
+            cu.l1.invalidate()
+        if l2 and cu.l2.stale:
+            if cu.l2.holders or cu.l2.region_readers:
+                self._save_lines(cu.l2, cu.l2.stale.lines(), keep=cu.l1)
+            cu.l2.stale = Overlay()
+
+    def invalidate_scalar(self, cu) -> None:
+        cu.scalar.invalidate()
+
+    # ------------------------------------------------------------------ polls
+
+    def poll(self, w) -> None:
+        """w sleeps: the lines of its last vector load become coherent for it and
+        stay so while it sleeps (eventual visibility, as early as allowed)."""
+        self.unpoll(w)
+        if w.last_load is None:
+            return
+        lines = lines_of(*w.last_load).tolist()
+        for line in lines:
+            self._make_coherent(line, w)
+            self.polled.setdefault(line, set()).add(w)
+        w.polled_lines = lines
+
+    def unpoll(self, w) -> None:
+        for line in w.polled_lines:
+            waves = self.polled.get(line)
+            if waves is not None:
+                waves.discard(w)
+                if not waves:
+                    del self.polled[line]
+        w.polled_lines = ()
+
+    def _reach_pollers(self, lines) -> bool:
+        woke = False
+        for line in lines.tolist():
+            waves = self.polled.get(line)
+            if waves:
+                self._write_back_line(line)
+                for w in list(waves):
+                    self._refresh(line, w)
+                    self.wake(w)
+                woke = True
+        return woke
+
+    def _make_coherent(self, line: int, w) -> None:
+        self._write_back_line(line)
+        self._refresh(line, w)
+
+    def _write_back_line(self, line: int) -> None:
+        """Every L2's dirty bytes of `line` to memory."""
+        where = line_bytes(line)
+        for l2 in self.l2s:
+            if l2.dirty.has_page(where):
+                self._write_back(l2, l2.dirty.take(where))
+
+    def _refresh(self, line: int, w) -> None:
+        """w's caches drop their copies of `line`: its next read sees memory."""
+        cu = w.group.cu
+        where = line_bytes(line)
+        if cu.l2.stale.has_page(where):
+            self._save_lines(cu.l2, [line], keep=cu.l1)
+            cu.l2.stale.drop(where)
+        cu.l1.drop(line)
+
+    def end(self) -> None:
+        """The end-of-kernel release: every L2 writes back."""
+        for l2 in self.l2s:
+            self._write_back(l2, l2.dirty.take())

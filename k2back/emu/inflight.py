@@ -1,0 +1,309 @@
+"""What a wave has in flight: its outstanding memory instructions, what an
+s_waitcnt retires, and the scoreboard that turns a register used before its
+load returned into an error.
+
+Counters (LLVM AMDGPUUsage "Memory Model GFX942"; LLVM SIInsertWaitcnts.cpp):
+- vmcnt counts a wave's vector memory instructions (loads, stores, atomics,
+  buffer_wbl2; not buffer_inv, which SIInsertWaitcnts does not count), exec 0 or
+  not. Their "completion is reported to a wavefront in execution order", so
+  `s_waitcnt vmcnt(N)` completes every one but the N newest.
+- lgkmcnt counts LDS instructions (DS, ds_swizzle/permute too), completed in
+  order, and SMEM ones (s_load*, s_buffer_load*, s_memtime), which return out of
+  order: `lgkmcnt(N)` completes every LDS instruction but the N newest, and SMEM
+  ones only at N = 0.
+
+A load's data is read when it is issued (the oldest value it may return) and sits
+in its registers, but the scoreboard forbids touching them until the counter
+covers the load. A store is performed (coherence.py says what that makes
+visible) only when the counter covering it retires it, or at s_endpgm: as late as
+allowed. One s_waitcnt's stores perform in an order the ISA allows and the kernel
+likes least: completion is reported in order, but the L2 channels perform writes
+in any order ("a separate request queue per channel", AMDGPUUsage), so newest
+first; a buffer_wbl2 after every older store of its wave (it writes back the
+wave's earlier stores, SIMemoryLegalizer), and an older store never overwrites a
+newer one's bytes (a wave's own accesses stay coherent). When a store reaches a
+line another wave sleeps on (a flag), the storing wave stops there and retries
+the s_waitcnt on its next turn: the sleeper sees that store before the rest.
+A wave sees its own stores at once: a load takes the bytes of the wave's own
+unperformed stores. An atomic first performs the wave's unperformed stores (in
+order). LDS stores perform at the lgkmcnt that covers them or at the wave's next
+LDS access (a wave's LDS operations stay in order; other waves' may see them late).
+
+The scoreboard (ScoreboardError, naming register, load, reader and asm lines):
+- reading a register an outstanding load (VMEM load, atomic with return, LDS
+  read or cross-lane op, SMEM load) will write, before the s_waitcnt covering it;
+- writing such a register (the load's return would overwrite it), except by a
+  later load of the same in-order counter (vmcnt, or LDS), whose return comes after.
+A store's data and address VGPRs are read when it issues on gfx9: SIInsertWaitcnts
+keeps them locked until completion only before Sea Islands
+(`vmemWriteNeedsExpWaitcnt`), so overwriting them after the issue is allowed.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from .coherence import byte_addresses
+from .errors import ScoreboardError, UnsupportedInstruction
+from .operands import parse
+
+LOAD, STORE, WRITEBACK, LDS_STORE = range(4)
+SGPR_BIT = 512  # scoreboard bits: unified VGPR/AGPR rows 0.., then SGPRs
+
+
+class Op:
+    """One outstanding memory instruction: the registers its return writes (`dst`,
+    a bit mask) and, until it is performed (`done`), what it still has to do: a
+    store's bytes (`flat` addresses, `values`), an LDS store's (write, args) or a
+    write-back's scope (True: agent or system) in `perform`."""
+
+    __slots__ = ("done", "dst", "flat", "ins", "kind", "perform", "values")
+
+    def __init__(self, ins, kind: int, dst: int = 0, done: bool = True):
+        self.ins, self.kind, self.dst, self.done = ins, kind, dst, done
+        self.flat = self.values = self.perform = None
+
+
+# ------------------------------------------------------------------ issue
+
+
+def _expect(w, queue, op) -> None:
+    """The registers op's return writes are not ready until it is covered; a newer
+    load of the same in-order queue takes them over from an older one."""
+    if op.dst:
+        if w.pending & op.dst:
+            for older in queue:
+                older.dst &= ~op.dst
+        w.pending |= op.dst
+    queue.append(op)
+
+
+def issue_vm(w, ins, dst: int = 0) -> None:
+    """A vector memory load or atomic (performed when issued), or one with exec 0."""
+    _expect(w, w.vm, Op(ins, LOAD, dst))
+
+
+def issue_store(w, ins, mem, flat: np.ndarray, values: np.ndarray) -> None:
+    op = Op(ins, STORE, done=not mem.strict)
+    op.flat, op.values = flat, values
+    if mem.strict:
+        w.unperformed += 1
+    else:
+        mem.store(w.group.cu, flat, values)
+    w.vm.append(op)
+
+
+def issue_writeback(w, ins, mem, agent: bool) -> None:
+    op = Op(ins, WRITEBACK, done=not mem.strict)
+    op.perform = agent
+    if mem.strict:
+        w.unperformed += 1
+    w.vm.append(op)
+
+
+def issue_lds(w, ins, dst: int = 0) -> None:
+    _expect(w, w.lds, Op(ins, LOAD, dst))
+
+
+def issue_lds_store(w, ins, mem, write, args) -> None:
+    op = Op(ins, LDS_STORE, done=not mem.strict)
+    if mem.strict:
+        op.perform = (write, args)
+        w.lds_unperformed += 1
+    else:
+        write(*args)
+    w.lds.append(op)
+
+
+def issue_smem(w, ins, dst: int) -> None:
+    _expect(w, w.smem, Op(ins, LOAD, dst))
+
+
+# ------------------------------------------------------------------ what a wave sees of its own stores
+
+
+def forward(w, addresses: np.ndarray, size: int, data: np.ndarray) -> None:
+    """Bytes of a load (`data` [lanes, size]) the wave's own unperformed stores
+    wrote: theirs, oldest first."""
+    flat = byte_addresses(addresses, size)
+    values = data.reshape(-1)
+    for op in w.vm:
+        if op.kind == STORE and not op.done:
+            order = np.argsort(op.flat, kind="stable")
+            keys = op.flat[order]
+            at = np.searchsorted(keys, flat, side="right") - 1
+            hit = (at >= 0) & (keys[np.maximum(at, 0)] == flat)
+            values[hit] = op.values[order[at[hit]]]
+
+
+def perform_own_stores(w, mem) -> None:
+    """Perform the wave's unperformed stores in program order (before an atomic)."""
+    for op in w.vm:
+        if not op.done:
+            _perform(w, op, mem, ())
+    w.unperformed = 0
+
+
+def drain_lds(w) -> None:
+    """Before a wave's LDS access: its earlier LDS stores, in order."""
+    for op in w.lds:
+        if not op.done:
+            write, args = op.perform
+            write(*args)
+            op.done = True
+    w.lds_unperformed = 0
+
+
+# ------------------------------------------------------------------ retirement
+
+
+def retire_vm(w, keep: int, mem, progress) -> bool:
+    """`s_waitcnt vmcnt(keep)`: complete all but the `keep` newest. Returns True when
+    the wave must stop and retry (a store woke a sleeper, more remain)."""
+    queue = w.vm
+    count = len(queue) - keep
+    if count <= 0:
+        return False
+    batch = list(itertools.islice(queue, count))
+    if w.unperformed:
+        todo = [i for i, op in enumerate(batch) if not op.done]
+        # newest store first, write-backs last (after their wave's older stores)
+        todo.sort(key=lambda i: (batch[i].kind == WRITEBACK, -i if batch[i].kind == STORE else i))
+        for step, i in enumerate(todo):
+            newer = [op.flat for op in batch[i + 1:] if op.kind == STORE and op.done]
+            woke = _perform(w, batch[i], mem, newer)
+            w.unperformed -= 1
+            progress()
+            if woke and step + 1 < len(todo):
+                return True
+    for _ in range(count):
+        w.pending &= ~queue.popleft().dst
+    return False
+
+
+def _perform(w, op, mem, newer) -> bool:
+    op.done = True
+    if op.kind == WRITEBACK:
+        mem.writeback(w.group.cu, op.perform)
+        return False
+    flat, values = op.flat, op.values
+    low, high = flat.min(), flat.max()
+    newer = [other for other in newer if other.max() >= low and other.min() <= high]
+    if newer:  # bytes a newer store of the batch wrote stay the newer store's
+        keep = ~np.isin(flat, np.concatenate(newer))
+        flat, values = flat[keep], values[keep]
+    return bool(flat.size) and mem.store(w.group.cu, flat, values)
+
+
+def retire_lgkm(w, keep: int, progress) -> None:
+    """`s_waitcnt lgkmcnt(keep)`: LDS operations but the `keep` newest, in order;
+    SMEM loads only when keep is 0."""
+    queue = w.lds
+    while len(queue) > keep:
+        op = queue.popleft()
+        if not op.done:
+            write, args = op.perform
+            write(*args)
+            op.done = True
+            w.lds_unperformed -= 1
+            progress()
+        w.pending &= ~op.dst
+    if keep == 0 and w.smem:
+        for op in w.smem:
+            w.pending &= ~op.dst
+        w.smem.clear()
+
+
+# ------------------------------------------------------------------ scoreboard
+
+NO_DESTINATION = ("s_cmp", "s_bitcmp", "s_cbranch", "s_branch", "s_waitcnt", "s_nop", "s_sleep",
+                  "s_barrier", "s_endpgm", "s_setprio", "s_dcache", "s_icache", "s_setpc",
+                  "s_sendmsg", "s_trap", "buffer_wbl2", "buffer_inv", "buffer_wbinvl1")
+SMEM_LOADS = ("s_load", "s_buffer_load", "s_memtime", "s_memrealtime")
+
+
+def _bits(token: str, accum_offset: int, ins) -> int:
+    try:
+        op = parse(token, accum_offset, ins)
+    except UnsupportedInstruction:  # labels, `off`, counters
+        return 0
+    if op.file == "v":
+        return ((1 << op.count) - 1) << op.index
+    if op.file == "s":
+        return ((1 << op.count) - 1) << (SGPR_BIT + op.index)
+    return 0
+
+
+def register_effects(ins, accum_offset: int) -> tuple[int, int, object]:
+    """(registers read, registers written, the in-order queue a load's return uses
+    or None) of an instruction, from its explicit operands."""
+    name, operands = ins.mnemonic, ins.operands
+    bits = [_bits(t, accum_offset, ins) for t in operands]
+    segment = name.split("_", 1)[0]
+    if name.startswith(NO_DESTINATION) or "_store" in name or name.startswith("ds_write"):
+        return _union(bits), 0, None
+    if segment in ("global", "flat", "buffer") and "_atomic" in name:
+        returns = (bool(ins.modifiers.get("sc0") or ins.modifiers.get("glc")) if segment == "buffer"
+                   else len(operands) == (4 if segment == "global" else 3))
+        if not returns:
+            return _union(bits), 0, None
+        if segment == "buffer":  # the old value replaces the data operand
+            return _union(bits), bits[0], "vm"
+        return _union(bits[1:]), bits[0], "vm"
+    if segment == "ds":
+        parts = name.split("_")
+        if not ("read" in parts[1] or "rtn" in parts or parts[1] in ("swizzle", "bpermute", "permute")):
+            return _union(bits), 0, None
+        return _union(bits[1:]), bits[0] if bits else 0, "lds"
+    queue = "vm" if segment in ("global", "flat", "buffer") else "smem" if name.startswith(SMEM_LOADS) else None
+    return _union(bits[1:]), bits[0] if bits else 0, queue
+
+
+def _union(masks) -> int:
+    total = 0
+    for mask in masks:
+        total |= mask
+    return total
+
+
+class Scoreboard:
+    """Every instruction's register effects, checked before it runs while its wave
+    has loads outstanding."""
+
+    def __init__(self, kernel, accum_offset: int):
+        self.kernel, self.accum_offset = kernel, accum_offset
+        self.effects = [register_effects(ins, accum_offset) for ins in kernel.instructions]
+        self.effects.append((0, 0, None))  # past the end
+        self.touches = [reads | writes for reads, writes, _ in self.effects]  # the quick test
+
+    def check(self, w, pc: int) -> None:
+        reads, writes, queue = self.effects[pc]
+        hit = w.pending & reads
+        if hit:
+            raise self._error(w, pc, hit, "reads")
+        hit = w.pending & writes
+        if hit and not (queue in ("vm", "lds") and not hit & ~_union(op.dst for op in getattr(w, queue))):
+            raise self._error(w, pc, hit, "overwrites")
+
+    def _error(self, w, pc: int, hit: int, verb: str) -> ScoreboardError:
+        bit = (hit & -hit).bit_length() - 1
+        user = self.kernel.instructions[pc]
+        for queue, counter in ((w.vm, "vmcnt"), (w.lds, "lgkmcnt"), (w.smem, "lgkmcnt")):
+            ops = list(queue)
+            for index, op in enumerate(ops):
+                if op.dst >> bit & 1:
+                    allowed = 0 if queue is w.smem else len(ops) - index - 1
+                    return ScoreboardError(
+                        f"{self._name(bit)} is used before its load returned: line {user.line}: "
+                        f"{user.text} {verb} {self._name(bit)}, which {op.ins.where()} has not "
+                        f"written yet (it needs s_waitcnt {counter}({allowed}) or lower first) [{w.name}]")
+        raise AssertionError("a pending register without an outstanding load")
+
+    def _name(self, bit: int) -> str:
+        if bit >= SGPR_BIT:
+            return f"s{bit - SGPR_BIT}"
+        if bit >= self.accum_offset:
+            return f"a{bit - self.accum_offset}"
+        return f"v{bit}"

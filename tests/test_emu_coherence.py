@@ -1,0 +1,212 @@
+"""The strict memory model's cache rules (k2back/emu/coherence.py), one at a time.
+
+Workgroup 0 (XCD 0) stores 64 words and raises a flag; workgroups 1..8 (XCDs
+1..7, and 8 on XCD 0 with the producer) poll the flag, sleeping between polls,
+then read the words. What varies: the producer's release fence, the consumers'
+acquire fence, the consumers' cache bits, an early read of the data before the
+poll. Each case names exactly the consumers that must read the new words; the
+others must read the old ones (0). The ideal memory gives every consumer the new
+words in every case: the differences are the model's."""
+
+import numpy as np
+import pytest
+
+from k2back.emu import Machine
+from k2back.emu.testing import ARCHS, assemble, module, run, run_handwritten
+
+DECLS = """
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare i32 @llvm.amdgcn.workgroup.id.x()
+declare void @llvm.amdgcn.s.barrier()
+declare void @llvm.amdgcn.s.sleep(i32)
+declare void @llvm.amdgcn.s.waitcnt(i32)
+declare ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1(ptr addrspace(1), i16, i64, i32)
+declare void @llvm.amdgcn.raw.ptr.buffer.store.i32(i32, ptr addrspace(8), i32, i32, i32)
+declare i32 @llvm.amdgcn.raw.ptr.buffer.load.i32(ptr addrspace(8), i32, i32, i32)
+declare i32 @llvm.amdgcn.s.buffer.load.i32(<4 x i32>, i32, i32)
+"""
+SC1 = 16  # the buffer intrinsics' cache-policy bits on gfx94x/95x (SPEC §4)
+WAIT_VMCNT_0 = "  call void @llvm.amdgcn.s.waitcnt(i32 3952)\n"  # vmcnt 0, expcnt 7, lgkmcnt 15
+CONSUMERS = range(1, 9)
+SAME_XCD = {8}  # workgroup i runs on XCD i mod 8
+
+
+def handoff(release="agent", acquire="agent", load_aux=SC1, early_read=False, flag_first=False,
+            scalar=None):
+    """The hand-off kernel. `release` / `acquire`: a fence scope or None (release
+    "wait": only an s_waitcnt vmcnt(0), no write-back);
+    `flag_first`: the flag store is issued before the release fence (the data's
+    s_waitcnt); `scalar`: read the data with s_buffer_load (cache policy bits)."""
+    fence = lambda order, scope: (WAIT_VMCNT_0 if scope == "wait" else
+                                  f'  fence syncscope("{scope}") {order}\n' if scope else "")
+    flag = '  store atomic i32 1, ptr addrspace(1) %flag syncscope("agent") monotonic, align 4\n'
+    if scalar is None:
+        read = lambda out: (f"  %{out} = call i32 @llvm.amdgcn.raw.ptr.buffer.load.i32("
+                            f"ptr addrspace(8) %rs, i32 %off, i32 0, i32 {load_aux})")
+    else:  # the early read takes word 1, the late one word 0: the same line, two loads
+        read = lambda out: (f"  %{out} = call i32 @llvm.amdgcn.s.buffer.load.i32(<4 x i32> %desc, "
+                            f"i32 {4 if out == 'e' else 0}, i32 {scalar})")
+    return module(f"""
+define amdgpu_kernel void @handoff(ptr addrspace(1) %data, ptr addrspace(1) %flag,
+                                   ptr addrspace(1) %out, i32 %first) #0 {{
+entry:
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %base = ptrtoint ptr addrspace(1) %data to i64
+  %base.lo = trunc i64 %base to i32
+  %base.hi64 = lshr i64 %base, 32
+  %base.hi = trunc i64 %base.hi64 to i32
+  %desc.0 = insertelement <4 x i32> <i32 0, i32 0, i32 256, i32 131072>, i32 %base.lo, i32 0
+  %desc = insertelement <4 x i32> %desc.0, i32 %base.hi, i32 1
+  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
+  %rs = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1(ptr addrspace(1) %data, i16 0, i64 256, i32 131072)
+  %off = shl i32 %tid, 2
+  %slot = mul i32 %wg, 64
+  %i = add i32 %slot, %tid
+  %po = getelementptr i32, ptr addrspace(1) %out, i32 %i
+  %producer = icmp eq i32 %wg, 0
+  br i1 %producer, label %produce, label %early
+produce:
+  %v = add i32 %tid, %first
+  call void @llvm.amdgcn.raw.ptr.buffer.store.i32(i32 %v, ptr addrspace(8) %rs, i32 %off, i32 0, i32 {SC1})
+{flag if flag_first else ""}{fence("release", release)}{"" if flag_first else flag}  br label %done
+early:
+{read("e") if early_read else "  %e = add i32 0, 0"}
+  store i32 %e, ptr addrspace(1) %po  ; keeps the early read before the poll
+  br label %poll
+poll:
+  %f = load atomic i32, ptr addrspace(1) %flag syncscope("agent") monotonic, align 4
+  %ready = icmp ne i32 %f, 0
+  br i1 %ready, label %consume, label %sleep
+sleep:
+  call void @llvm.amdgcn.s.sleep(i32 1)
+  br label %poll
+consume:
+{fence("acquire", acquire)}{read("d")}
+  %de = add i32 %d, %e
+  store i32 %de, ptr addrspace(1) %po
+  br label %done
+done:
+  ret void
+}}
+""" + DECLS)
+
+
+def launch(arch, ir, data, first, memory="strict"):
+    """out [9, 64]: what each workgroup's threads read (the producer's row: -1).
+    Consumers start first (reverse order): their early read and first polls come
+    before the producer runs. The producer stores first + thread id."""
+    out = np.full((9, 64), -1, np.int32)
+    run(ir, arch, "handoff", {"data": data, "flag": np.zeros(1, np.int32), "out": out, "first": first},
+        grid=(9,), block=(64,), machine=Machine(arch, memory=memory), order="reverse")
+    assert (data == np.arange(64) + first).all()  # memory has the new words in the end
+    return out
+
+
+def fresh_consumers(arch, ir, new, memory="strict"):
+    """The consumers that read the producer's words `new` (the others must read 0)."""
+    out = launch(arch, ir, np.zeros(64, np.int32), 1000, memory)
+    fresh = {c for c in CONSUMERS if (out[c] == new).all()}
+    stale = {c for c in CONSUMERS if (out[c] == 0).all()}
+    assert fresh | stale == set(CONSUMERS), out  # every consumer read one version, whole
+    return fresh
+
+
+CASES = {
+    # release writes XCD 0's L2 back; acquire drops the consumers' stale L2 copies
+    "release and acquire": ({}, set(CONSUMERS)),
+    # without the acquire, other XCDs' L2s keep memory as it was when last invalidated
+    "no acquire": ({"acquire": None}, SAME_XCD),
+    "acquire at workgroup scope": ({"acquire": "workgroup"}, SAME_XCD),
+    # waited for but not written back, the words stay dirty in XCD 0's L2
+    "stores waited for, no release": ({"release": "wait"}, SAME_XCD),
+    # a workgroup-scope release on gfx9 waits for nothing (no vmcnt): the flag, the
+    # newest store, arrives before the words everywhere
+    "release at workgroup scope": ({"release": "workgroup"}, set()),
+    # plain loads go through the L1 too: buffer_inv sc1 drops it as well
+    "plain loads, release and acquire": ({"load_aux": 0}, set(CONSUMERS)),
+    # an early plain read leaves the line in the consumer's L1; without an acquire
+    # even the same XCD reads it there
+    "plain loads, early read, no acquire": ({"load_aux": 0, "early_read": True, "acquire": None}, set()),
+    # sc1 loads bypass the L1
+    "sc1 loads, early read, no acquire": ({"early_read": True, "acquire": None}, SAME_XCD),
+    "plain loads, early read, acquire": ({"load_aux": 0, "early_read": True}, set(CONSUMERS)),
+    # the scalar cache keeps what it read: buffer_inv does not drop it; glc bypasses
+    # it. (LLVM takes s_buffer_load for readnone and issues the late one above the
+    # acquire's buffer_inv: other XCDs then read their stale L2 lines either way.)
+    "scalar loads, early read, acquire": ({"scalar": 0, "early_read": True}, set()),
+    "scalar loads with glc, early read, acquire": ({"scalar": 1, "early_read": True}, SAME_XCD),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", CASES)
+def test_which_consumers_read_the_new_words(arch, case):
+    options, fresh = CASES[case]
+    ir = handoff(**options)
+    new = 1000 if "scalar" in options else np.arange(64) + 1000  # s_buffer_load reads word 0
+    if options.get("early_read"):  # the early read and the late one are two loads
+        loads = "s_buffer_load_dword " if "scalar" in options else "\tbuffer_load_dword "
+        assert assemble(ir, arch).count(loads) == 2
+    assert fresh_consumers(arch, ir, new) == fresh
+    assert fresh_consumers(arch, ir, new, memory="ideal") == set(CONSUMERS)
+
+
+# One wave: a scalar load fills the CU's scalar cache, a vector store changes the
+# word (vector stores do not update the scalar cache), then three scalar loads:
+# from the cache (stale), with glc (bypassing it), after s_dcache_inv.
+SCALAR_CACHE = """
+\ts_load_dwordx2 s[2:3], s[0:1], 0x0
+\ts_waitcnt lgkmcnt(0)
+\ts_load_dword s4, s[2:3], 0x0
+\ts_waitcnt lgkmcnt(0)
+\tv_mov_b32_e32 v1, 0
+\tv_mov_b32_e32 v2, 7
+\tglobal_store_dword v1, v2, s[2:3]
+\ts_waitcnt vmcnt(0)
+\ts_load_dword s5, s[2:3], 0x0
+\ts_load_dword s6, s[2:3], 0x0 glc
+\ts_waitcnt lgkmcnt(0)
+\ts_dcache_inv
+\ts_load_dword s7, s[2:3], 0x0
+\ts_waitcnt lgkmcnt(0)
+\tv_mov_b32_e32 v2, s5
+\tv_mov_b32_e32 v3, s6
+\tv_mov_b32_e32 v4, s7
+\tglobal_store_dwordx3 v1, v[2:4], s[2:3] offset:4
+\ts_waitcnt vmcnt(0)"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_scalar_cache_keeps_what_it_read(arch):
+    for memory, want in (("strict", [7, 100, 7, 7]), ("ideal", [7, 7, 7, 7])):
+        out = np.full(4, 100, np.uint32)
+        run_handwritten(arch, SCALAR_CACHE, out, memory=memory)
+        np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_flag_stored_before_the_datas_waitcnt_arrives_first(arch):
+    """The flag store issued before the release fence: one s_waitcnt retires both,
+    newest first, and the flag reaches the sleeping consumers (started first, so
+    they sleep on it) before the words leave the producer: every consumer reads 0."""
+    ir, new = handoff(flag_first=True), np.arange(64) + 1000
+    asm = assemble(ir, arch)
+    flag_store, wait = asm.index("global_store_dword"), asm.index("s_waitcnt vmcnt(0)", asm.index("buffer_wbl2"))
+    assert flag_store < wait  # the edit applied: the flag is issued before the data's wait
+    assert fresh_consumers(arch, ir, new) == set()
+    assert fresh_consumers(arch, ir, new, memory="ideal") == set(CONSUMERS)
+    assert fresh_consumers(arch, handoff(), new) == set(CONSUMERS)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_missing_acquire_reads_the_previous_launch(arch):
+    """Launches share memory, not caches: without an acquire, the second launch's
+    consumers on other XCDs read what memory held when it started (the first
+    launch's words, written back at its end), the producer's XCD the new words."""
+    ir, data = handoff(acquire=None), np.zeros(64, np.int32)
+    first = launch(arch, ir, data, 1000)
+    np.testing.assert_array_equal(first[8], np.arange(64) + 1000)
+    assert (first[1:8] == 0).all()
+    second = launch(arch, ir, data, 2000)
+    np.testing.assert_array_equal(second[8], np.arange(64) + 2000)
+    np.testing.assert_array_equal(second[1:8], np.broadcast_to(np.arange(64) + 1000, (7, 64)))
