@@ -21,7 +21,7 @@ from k2back.codegen.targets import ARCHS
 from k2back.formats import KEY_FP8, KV_DATA_BYTES, KV_SCALES, VLLM_KEY_FP8
 from k2back.model import NOPE_DIM
 from k2back.reference import attention_back
-from k2back.testing import METRICS, TOLERANCES, compare, make_inputs
+from k2back.testing import METRICS, TOLERANCES, compare, make_inputs, run_kernel
 
 PAIRS = [(swa, comp) for swa in KEY_FP8 for comp in KEY_FP8]
 
@@ -87,8 +87,8 @@ def test_a_kernel_told_the_wrong_window_format_fails_by_far(arch):
     swa, comp = VLLM_KEY_FP8["gfx942"]  # a FNUZ window, an OCP compressed cache
     inputs = inputs_for(arch, swa, comp, 2, 3, seed=40)
     want = attention_back(**inputs, chunk_keys=plan("tiny", 4, 3, 2, arch).attention.chunk_keys)
-    right = run_kernel(arch, swa, comp, inputs)
-    wrong = run_kernel(arch, WRONG[swa], comp, inputs)
+    right = kernel_out(arch, swa, comp, inputs)
+    wrong = kernel_out(arch, WRONG[swa], comp, inputs)
     compare("out", right, want)
     rel_l2 = METRICS["out"](wrong, want)["rel_l2"]
     margin = rel_l2 / TOLERANCES["out"].rel_l2
@@ -97,16 +97,14 @@ def test_a_kernel_told_the_wrong_window_format_fails_by_far(arch):
     assert margin > 20
 
 
-def run_kernel(arch, swa, comp, inputs):
+def kernel_out(arch, swa, comp, inputs):
     """out of the whole kernel of `arch` told the given formats."""
-    from test_kernel import run
-
     from k2back.codegen.compiler import compile as compile_source
     from k2back.runtime import launch
 
     spec = plan("tiny", 4, inputs["q"].shape[0], 2, arch, swa, comp)
     kernel = compile_source(KernelSource(spec))
-    out, _ = run(spec, kernel, inputs, launch.new_scratch(spec, "cpu"))
+    out, _ = run_kernel(spec, kernel, inputs, launch.new_scratch(spec, "cpu"))
     return out
 
 
