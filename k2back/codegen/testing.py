@@ -1,11 +1,15 @@
 """Small hand-written kernels and stand-ins the codegen and runtime tests share
 (a package module, so that no test module imports another and subprocesses
 need no sys.path): IR samples, LLVM's own metadata reader, the K2-signature
-echo kernel and tensors for it, a fake ld.lld."""
+echo kernel and tensors for it, a fake ld.lld; the rendered-IR guard's
+configurations and digests (benchmarks/render_guard.py, tests/test_render.py)."""
 
 from __future__ import annotations
 
+import hashlib
+import re
 import shlex
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -160,3 +164,52 @@ def fake_lld(path, version="LLD 99.0.0 (fake)"):
                     f'exec {real} "$@"\n')
     path.chmod(0o755)
     return path
+
+
+# --- the rendered-IR guard ---------------------------------------------------
+
+RENDERED_IR = Path(__file__).resolve().parents[2] / "tests" / "data" / "rendered_ir.json"
+# (geometry, tp, tokens, ratio) on both archs with the default key formats:
+# TP 1/4/8, S 1/16/64, ratio 0/2, the real geometry and the tiny one
+GUARD_SHAPES = (
+    ("v4.1-flash", 1, 1, 2), ("v4.1-flash", 4, 1, 2), ("v4.1-flash", 4, 16, 0),
+    ("v4.1-flash", 8, 64, 2), ("v4.1-flash", 8, 16, 2), ("v4.1-flash", 1, 64, 0),
+    ("tiny", 1, 16, 2), ("tiny", 4, 1, 0), ("tiny", 4, 64, 2),
+    ("tiny", 8, 1, 2), ("tiny", 8, 64, 0), ("tiny", 4, 3, 2),
+)
+GUARD_CONFIGS = (
+    *((g, tp, s, r, arch) for arch in ("gfx942", "gfx950") for g, tp, s, r in GUARD_SHAPES),
+    # the key-format branches "auto" does not take
+    ("tiny", 4, 3, 2, "gfx942", "e4m3fn", "e4m3fnuz"),
+    ("tiny", 4, 3, 2, "gfx950", "e4m3fnuz", "e4m3fn"),
+)
+_IR_COMMENT = re.compile(r"\s*;.*$")
+
+
+def guard_name(config) -> str:
+    g, tp, s, r, arch, *formats = config
+    return f"{g}_tp{tp}_s{s}_r{r}_{arch}" + "".join(f"_{f}" for f in formats)
+
+
+def guard_ir(config) -> str:
+    from k2back.codegen.plan import plan
+    from k2back.codegen.render import KernelSource
+
+    return KernelSource(plan(*config)).render()
+
+
+def strip_ir_comments(ir: str) -> str:
+    """The IR without ';' comments and the blank lines they leave (no string
+    constant of the K2 kernel holds a ';')."""
+    lines = (_IR_COMMENT.sub("", line) for line in ir.splitlines())
+    return "\n".join(line for line in lines if line.strip()) + "\n"
+
+
+def guard_digests(code_only: bool = False) -> dict[str, str]:
+    """Configuration name -> sha256 of its IR (without comments: `code_only`)."""
+    out = {}
+    for config in GUARD_CONFIGS:
+        ir = guard_ir(config)
+        ir = strip_ir_comments(ir) if code_only else ir
+        out[guard_name(config)] = hashlib.sha256(ir.encode()).hexdigest()
+    return out
