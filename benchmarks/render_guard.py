@@ -19,8 +19,14 @@ import json
 import sys
 from pathlib import Path
 
-from k2back.codegen.testing import (GUARD_CONFIGS, RENDERED_IR, guard_digests, guard_ir,
-                                    guard_name, strip_ir_comments)
+from k2back.codegen.testing import (
+    GUARD_CONFIGS,
+    RENDERED_IR,
+    guard_digests,
+    guard_ir,
+    guard_name,
+    strip_ir_comments,
+)
 
 
 def main(argv=None) -> int:
