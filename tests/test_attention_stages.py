@@ -102,10 +102,10 @@ def _inputs(geometry, tp, tokens, ratio, seed, overrides, arch):
     return inputs
 
 
-def prepare(arch, tp, tokens, ratio, overrides, seed, geometry):
+def prepare(arch, tp, tokens, ratio, overrides, seed, geometry, target=None):
     """(spec, inputs, the reference's intermediates, scratch full of
-    SENTINEL, live chunks [S, nchunk])."""
-    spec = plan(geometry, tp, tokens, ratio, arch)
+    SENTINEL, live chunks [S, nchunk]); `target`: the arch facts to plan for."""
+    spec = plan(geometry, tp, tokens, ratio, arch, target=target)
     inputs = _inputs(geometry, tp, tokens, ratio, seed, overrides, arch)
     scratch = torch.full((spec.scratch_bytes,), SENTINEL, dtype=torch.uint8)
     return spec, inputs, reference(spec, inputs), scratch, live_chunks(spec, inputs["key_len"])
@@ -121,9 +121,9 @@ def split_regions(spec, scratch):
                          (spec.tokens, a.nchunk, a.heads, HEAD_DIM)))
 
 
-def check_split(arch, tp, tokens, ratio, overrides, seed=1, geometry="tiny"):
+def check_split(arch, tp, tokens, ratio, overrides, seed=1, geometry="tiny", target=None):
     spec, inputs, want, scratch, live = prepare(arch, tp, tokens, ratio, overrides, seed,
-                                                geometry)
+                                                geometry, target)
     kernel, stats = run_stage("split", spec, inputs, scratch, spec.attention.split_tasks)
     stats_got, part_got = split_regions(spec, scratch)
     # chunks past key_len: never written (combine does not read them)
@@ -172,12 +172,13 @@ def test_v41_flash_stages(arch):
     check_combine(arch, 4, 1, 2, {}, geometry="v4.1-flash")
 
 
-def shrink_grid(monkeypatch, arch: str, blocks: int):
-    """Plan for a grid of `blocks` CTAs: few enough for tiny tables that a
-    split task runs several chunks of its token (as S = 64 does on the real
-    grid)."""
-    monkeypatch.setitem(targets.ARCHS, arch,
-                        dataclasses.replace(targets.ARCHS[arch], blocks=blocks))
+def small_target(arch: str, blocks: int | None = None, lds_kib: int | None = None):
+    """The facts of `arch` with a grid of `blocks` CTAs (few enough for tiny
+    tables that a split task runs several chunks of its token, as S = 64 does
+    on the real grid) and/or `lds_kib` KiB of LDS."""
+    target = targets.arch_info(arch)
+    return dataclasses.replace(target, blocks=blocks or target.blocks,
+                               lds_budget=1024 * lds_kib if lds_kib else target.lds_budget)
 
 
 @pytest.mark.parametrize("arch,tp,overrides", [
@@ -187,28 +188,25 @@ def shrink_grid(monkeypatch, arch: str, blocks: int):
     ("gfx950", 2, {}),
     *[(arch, 4, EDGES[0][1]) for arch in ("gfx942", "gfx950")],  # stops at a dead chunk
 ])
-def test_split_tasks_of_several_chunks(arch, tp, overrides, monkeypatch):
-    shrink_grid(monkeypatch, arch, 4)
-    a = plan("tiny", tp, 3, 2, arch).attention
+def test_split_tasks_of_several_chunks(arch, tp, overrides):
+    target = small_target(arch, blocks=4)
+    a = plan("tiny", tp, 3, 2, arch, target=target).attention
     assert (a.chunks_per_task, a.nchunk, a.split_tasks, a.q_resident) == (2, 2, 3, True)
-    check_split(arch, tp, 3, 2, overrides)
+    check_split(arch, tp, 3, 2, overrides, target=target)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
 @pytest.mark.parametrize("lds_kib,passes", [(None, None), (37, 4)])
-def test_v41_flash_split_tasks_of_several_chunks(arch, lds_kib, passes, monkeypatch):
+def test_v41_flash_split_tasks_of_several_chunks(arch, lds_kib, passes):
     """10 chunks of 64 keys in tasks of 3 (the last one alone), key_len
     random: tasks stop inside. With 37 KiB of LDS the resident q leaves room
     for a quarter of the raw records: four PV passes."""
-    shrink_grid(monkeypatch, arch, 4)
-    if lds_kib:
-        monkeypatch.setitem(targets.ARCHS, arch, dataclasses.replace(
-            targets.ARCHS[arch], lds_budget=lds_kib * 1024))
-    a = plan("v4.1-flash", 4, 1, 2, arch).attention
+    target = small_target(arch, blocks=4, lds_kib=lds_kib)
+    a = plan("v4.1-flash", 4, 1, 2, arch, target=target).attention
     assert (a.chunks_per_task, a.nchunk, a.split_tasks) == (3, 10, 4)
     assert passes is None or a.chunk_keys // a.raw_keys == passes
-    check_split(arch, 4, 1, 2, {}, geometry="v4.1-flash")
+    check_split(arch, 4, 1, 2, {}, geometry="v4.1-flash", target=target)
 
 
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
@@ -220,16 +218,15 @@ def test_edge_cases(arch, name, overrides):
 
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
 @pytest.mark.parametrize("lds_kib,passes", [(40, 1), (30, 2)])
-def test_short_lds_layouts(arch, lds_kib, passes, monkeypatch):
+def test_short_lds_layouts(arch, lds_kib, passes):
     """Layouts for little LDS (as for 128 heads on gfx942): fewer parts than
     waves (the spare waves sit the QK out), and the raw records in two PV
     passes."""
-    monkeypatch.setitem(targets.ARCHS, arch,
-                        dataclasses.replace(targets.ARCHS[arch], lds_budget=lds_kib * 1024))
-    a = plan("tiny", 1, 3, 2, arch).attention
+    target = small_target(arch, lds_kib=lds_kib)
+    a = plan("tiny", 1, 3, 2, arch, target=target).attention
     assert a.key_tiles * a.key_parts < 8
     assert a.chunk_keys // a.raw_keys == passes
-    check_split(arch, 1, 3, 2, {})
+    check_split(arch, 1, 3, 2, {}, target=target)
 
 
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
@@ -262,24 +259,24 @@ def test_split_instruction_choice(arch):
     kernel = stage_kernel("split", spec)
     md = kernel.metadata
     assert md.private_segment_size == 0
-    assert 0 < md.group_segment_size <= spec.arch_info.lds_budget
+    assert 0 < md.group_segment_size <= spec.target.lds_budget
     asm = kernel.asm
     assert "buffer_load_dwordx4" in asm
     qk = "v_mfma_f32_16x16x16_bf16" if arch == "gfx942" else "v_mfma_f32_16x16x32_bf16"
     assert qk in asm and "v_mfma_f32_16x16x16_bf16" in asm
     assert "scratch_" not in asm
     # gfx950 dequantizes a byte pair in one op
-    assert ("v_cvt_scalef32_pk_bf16_fp8" in asm) == spec.arch_info.scaled_convert == (arch == "gfx950")
+    assert ("v_cvt_scalef32_pk_bf16_fp8" in asm) == spec.target.scaled_convert == (arch == "gfx950")
 
 
-def test_kernel_key_covers_the_arch_facts(monkeypatch):
-    """The templates read targets.ARCHS: a changed fact is a different kernel
-    (else a cached code object built on the old belief would be reused)."""
+def test_kernel_key_covers_the_arch_facts():
+    """The arch facts are the spec's: a changed fact is a different spec, key
+    and IR (else a cached code object built on the old belief would be reused)."""
     spec = plan("tiny", 4, 3, 2, "gfx950")
-    before = render.KernelSource(spec).key()
-    monkeypatch.setitem(targets.ARCHS, "gfx950",
-                        dataclasses.replace(targets.ARCHS["gfx950"], scaled_convert=False))
-    assert render.KernelSource(spec).key() != before
+    other = plan("tiny", 4, 3, 2, "gfx950",
+                 target=dataclasses.replace(spec.target, scaled_convert=False))
+    assert render.KernelSource(other).key() != render.KernelSource(spec).key()
+    assert render.KernelSource(other).render() != render.KernelSource(spec).render()
 
 
 # --- the plan ----------------------------------------------------------------
@@ -291,8 +288,8 @@ PLANS = [(g, tp, tokens, arch) for g in GEOMETRIES for tp in (1, 2, 4, 8)
 @pytest.mark.parametrize("geometry,tp,tokens,arch", PLANS)
 def test_plan_fits_and_covers(geometry, tp, tokens, arch):
     rank = GEOMETRIES[geometry].rank(tp)
-    a = plan_attention(rank, tokens, 2, arch)
     target = targets.ARCHS[arch]
+    a = plan_attention(rank, tokens, 2, target)
     assert a.lds_bytes <= target.lds_budget
     assert a.nchunk * a.chunk_keys >= rank.keys > (a.nchunk - 1) * a.chunk_keys
     assert a.tasks_per_token == math.ceil(a.nchunk / a.chunks_per_task)
@@ -315,7 +312,7 @@ def test_plan_fits_and_covers(geometry, tp, tokens, arch):
     # the chunk: as large as LDS allows while MIN_SPLIT_TASKS tasks remain
     for ck in (c for c in CHUNK_KEYS if c > a.chunk_keys):
         try:
-            plan_attention(rank, tokens, 2, arch, chunk_keys=ck)
+            plan_attention(rank, tokens, 2, target, chunk_keys=ck)
         except ValueError:
             continue  # does not fit LDS
         assert tokens * math.ceil(rank.keys / ck) < MIN_SPLIT_TASKS
@@ -327,13 +324,14 @@ def test_large_s_reads_q_once_for_several_chunks(tp, arch):
     """S = 64 on the real grid: more chunks (5 a token) than CTAs to spare,
     so split tasks take several and q is read fewer times than a token has
     chunks."""
-    a = plan_attention(GEOMETRIES["v4.1-flash"].rank(tp), 64, 2, arch)
+    a = plan_attention(GEOMETRIES["v4.1-flash"].rank(tp), 64, 2, targets.ARCHS[arch])
     assert a.q_resident and a.tasks_per_token < a.nchunk
 
 
 @pytest.mark.parametrize("parts", (1, 2, 4))
 def test_part_pieces_cover_the_record_once_and_balance(parts):
-    a = plan_attention(GEOMETRIES["tiny"].rank(4), 1, 2, "gfx950", chunk_keys=128 // parts)
+    a = plan_attention(GEOMETRIES["tiny"].rank(4), 1, 2, targets.ARCHS["gfx950"],
+                       chunk_keys=128 // parts)
     assert a.key_parts == parts
     names = [n for part in a.part_pieces for n in part]
     assert sorted(names) == sorted(n for n, _, _ in a.record_pieces)
@@ -346,7 +344,7 @@ def test_part_pieces_cover_the_record_once_and_balance(parts):
 
 
 @pytest.mark.parametrize("kwargs,argument", [
-    ({"arch": "gfx90a"}, "arch"),
+    ({"target": "gfx90a"}, "arch"),
     ({"tokens": 0}, "tokens"),
     ({"tokens": 65}, "tokens"),
     ({"ratio": 3}, "ratio"),
@@ -356,6 +354,6 @@ def test_part_pieces_cover_the_record_once_and_balance(parts):
     ({"chunk_keys": 128, "rank": GEOMETRIES["v4-pro"].rank(1)}, "chunk_keys"),
 ])
 def test_plan_rejects_unsupported(kwargs, argument):
-    args = {"rank": GEOMETRIES["tiny"].rank(4), "tokens": 3, "ratio": 2, "arch": "gfx942"} | kwargs
+    args = {"rank": GEOMETRIES["tiny"].rank(4), "tokens": 3, "ratio": 2, "target": "gfx942"} | kwargs
     with pytest.raises(ValueError, match=f"^{argument}: "):
-        plan_attention(**args)
+        plan_attention(**args | {"target": targets.arch_info(args["target"])})

@@ -183,11 +183,10 @@ def test_consumers_scheduled_first(arch):
 
 @pytest.mark.parametrize("arch, tp, order", [("gfx942", 4, "forward"), ("gfx950", 4, "reverse"),
                                             ("gfx950", 1, "forward")])
-def test_kernel_split_tasks_of_several_chunks(arch, tp, order, monkeypatch):
+def test_kernel_split_tasks_of_several_chunks(arch, tp, order):
     """A grid of 4 CTAs: the plan gives a split task both chunks of its token
     (q read once), combine awaits the token's one split flag."""
-    monkeypatch.setitem(ARCHS, arch, dataclasses.replace(ARCHS[arch], blocks=4))
-    spec = plan("tiny", tp, 3, 2, arch)
+    spec = plan("tiny", tp, 3, 2, arch, target=dataclasses.replace(ARCHS[arch], blocks=4))
     assert (spec.blocks, spec.attention.chunks_per_task, spec.attention.split_tasks) == (4, 2, 3)
     kernel = compile_source(KernelSource(spec))
     launch_in_order(spec, kernel, make_inputs("tiny", tp, 3, 2, seed=21 + tp, arch=arch), order)
@@ -342,7 +341,7 @@ def test_gemv_code_object(arch, geometry, tp, tokens):
         meta = kernel.metadata
         assert meta.private_segment_size == 0 and meta.vgpr_spill_count == 0
         assert meta.sgpr_spill_count == 0
-        assert meta.group_segment_size == spec.lds_bytes <= spec.arch_info.lds_budget
+        assert meta.group_segment_size == spec.lds_bytes <= spec.target.lds_budget
         assert meta.max_flat_workgroup_size == 512
         lines = asm_lines(kernel)
         st = getattr(spec, stages[0])
@@ -366,7 +365,7 @@ def test_kernel_code_object(arch, geometry, tp, tokens, ratio):
     meta = kernel.metadata
     assert meta.private_segment_size == 0 and meta.vgpr_spill_count == 0
     assert meta.sgpr_spill_count == 0
-    assert meta.group_segment_size == spec.lds_bytes <= spec.arch_info.lds_budget
+    assert meta.group_segment_size == spec.lds_bytes <= spec.target.lds_budget
     assert meta.max_flat_workgroup_size == spec.threads == 512
     assert any(ln.startswith("buffer_load_dwordx4") for ln in asm_lines(kernel))
     for stage in ("split", "wo_a", "wo_b"):

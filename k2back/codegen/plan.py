@@ -138,10 +138,7 @@ class KernelSpec:
     lds_bytes: int
     scratch: tuple[Region, ...]
     scratch_bytes: int
-
-    @property
-    def arch_info(self) -> ArchInfo:
-        return arch_info(self.arch)
+    target: ArchInfo  # the arch's facts the plan and the templates rely on
 
     def region(self, name: str) -> Region:
         for r in self.scratch:
@@ -200,7 +197,7 @@ class KernelSpec:
             f"{'stage':<8} {'tasks':>6} {'first CTA':>10} {'CTAs':>6}",
         ]
         lines += [f"{s:<8} {n:>6} {c:>10} {k:>6}" for s, (n, c, k) in self.stage_tasks.items()]
-        lines.append(f"LDS {self.lds_bytes} B (budget {self.arch_info.lds_budget})")
+        lines.append(f"LDS {self.lds_bytes} B (budget {self.target.lds_budget})")
         lines += [f"  {m.stage:<8} {m.name:<10} @{m.offset:>6} {m.bytes:>7} B" for m in self.lds]
         lines.append(f"scratch {self.scratch_bytes} B")
         lines += [f"  {r.name:<14} @{r.offset:>9} {r.bytes:>9} B" for r in self.scratch]
@@ -283,7 +280,9 @@ def _check(name: str, value, expected: str, ok: bool):
 
 
 def plan(geometry, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str = "auto",
-         comp_fp8: str = "auto") -> KernelSpec:
+         comp_fp8: str = "auto", *, target: ArchInfo | None = None) -> KernelSpec:
+    """The KernelSpec of one launch. `target`: the facts of `arch` to plan for
+    (default targets.ARCHS[arch]; tests pass their own, e.g. a smaller grid)."""
     geo = model_geometry(geometry)
     _check("tokens", tokens, f"an int in 1..{MAX_TOKENS}",
            isinstance(tokens, int) and 1 <= tokens <= MAX_TOKENS)
@@ -293,9 +292,10 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str = "
            geo.hidden % TILE == 0)
     _check("geometry", geo.name, f"o_rank·groups a multiple of {STEP_BYTES}",
            rank.o_rows % STEP_BYTES == 0)
-    info = arch_info(arch)
+    info = arch_info(arch) if target is None else target
+    _check("target", info.name, f"the facts of arch {arch!r}", info.name == arch)
     swa_fp8, comp_fp8 = resolve_key_fp8(arch, swa_fp8, comp_fp8)
-    att = plan_attention(rank, tokens, ratio, arch)
+    att = plan_attention(rank, tokens, ratio, info)
     blocks = info.blocks
     token_tiles = math.ceil(tokens / TILE)
 
@@ -365,5 +365,5 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str = "
         hidden=geo.hidden, o_rank=geo.o_rank, o_rows=rank.o_rows, keys=rank.keys,
         attention=att, split_first_cta=0, combine_first_cta=att.split_tasks % blocks,
         wo_a=wo_a, wo_b=wo_b, lds=lds, lds_bytes=lds_bytes,
-        scratch=tuple(scratch), scratch_bytes=offset,
+        scratch=tuple(scratch), scratch_bytes=offset, target=info,
     )

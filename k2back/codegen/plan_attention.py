@@ -1,7 +1,7 @@
 """The attention half of the K2 plan: split (flash-decoding over key chunks) and
 combine (chunks + sink -> inverse RoPE -> MXFP8 -> XO).
 
-`plan_attention(rank, tokens, ratio, arch) -> AttentionPlan` fixes every number
+`plan_attention(rank, tokens, ratio, target) -> AttentionPlan` fixes every number
 the split.ll.j2 / combine.ll.j2 templates need; plan.py embeds it in the
 KernelSpec, unions `lds` with the GEMV stages' LDS and lays the `scratch`
 regions out at 256-B aligned offsets.
@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from k2back.codegen.targets import ArchInfo, arch_info
+from k2back.codegen.targets import ArchInfo
 from k2back.formats import KV_DATA_BYTES, KV_RECORD_BYTES, KV_SCALE_BYTES
 from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, NOPE_DIM, ROPE_DIM, RankShape
 
@@ -117,6 +117,12 @@ class AttentionPlan:
       head_tiles = ceil(H/16): QK runs once a head tile, q of one tile in LDS
         (CPT = 1: streamed a tile at a time) or of all (CPT > 1)
       mfma_k: bf16 elements a lane supplies an MFMA (4 on gfx942, 8 on gfx950)
+      head_dim, nope_dims, rope_dims: a head's dims, the fp8 ones, the bf16 ones
+      kv_data_bytes, kv_scale_bytes: an fp8_ds_mla record's data and scale bytes
+      q_row, p_row, raw_stride: LDS bytes of a q row (bf16 + pad), of a
+        head's p row (CK·2 + P_PAD) and of a raw record
+      record_pieces: (name, record byte, q row byte) of each 64-B piece
+      part_pieces: the pieces each part of a key tile's waves loads
       lds: member -> (offset, bytes) of the split stage (combine needs none):
         q     one head tile of q (CPT = 1) or all (CPT > 1), bf16 rows of
               Q_ROW bytes
@@ -154,19 +160,16 @@ class AttentionPlan:
     lds: dict[str, tuple[int, int]] = field(hash=False)
     lds_bytes: int
     scratch: dict[str, int] = field(hash=False)
-
-    head_dim = HEAD_DIM
-    kv_data_bytes = KV_DATA_BYTES
-    kv_scale_bytes = KV_SCALE_BYTES
-    nope_dims = NOPE_DIM
-    rope_dims = ROPE_DIM
-    q_row = Q_ROW
-    raw_stride = RAW_STRIDE
-    record_pieces = RECORD_PIECES
-
-    @property
-    def part_pieces(self) -> tuple[tuple[str, ...], ...]:
-        return PART_PIECES[self.key_parts]
+    head_dim: int
+    nope_dims: int
+    rope_dims: int
+    kv_data_bytes: int
+    kv_scale_bytes: int
+    q_row: int
+    p_row: int
+    raw_stride: int
+    record_pieces: tuple[tuple[str, int, int], ...]
+    part_pieces: tuple[tuple[str, ...], ...]
 
     @property
     def piece_part(self) -> dict[str, int]:
@@ -178,7 +181,7 @@ class AttentionPlan:
         """Per 4-byte word of a record's scale bytes (codes of nope pieces
         4w .. 4w+3): the parts that need it for their dequantization."""
         words = []
-        for word in range(KV_SCALE_BYTES // 4):
+        for word in range(self.kv_scale_bytes // 4):
             codes = {f"n{j}" for j in range(4 * word, 4 * word + 4)}
             words.append(tuple(p for p, names in enumerate(self.part_pieces) if codes & set(names)))
         return tuple(words)
@@ -187,10 +190,6 @@ class AttentionPlan:
     def q_resident(self) -> bool:
         """q of every head tile stays in LDS across the task's chunks."""
         return self.chunks_per_task > 1
-
-    @property
-    def p_row(self) -> int:
-        return 2 * self.chunk_keys + P_PAD
 
     @property
     def combine_heads(self) -> int:
@@ -299,11 +298,11 @@ def chunks_per_task(tokens: int, nchunk: int, heads: int, chunk_keys: int,
 
 
 def plan_attention(
-    rank: RankShape, tokens: int, ratio: int, arch: str, chunk_keys: int | None = None
+    rank: RankShape, tokens: int, ratio: int, target: ArchInfo, chunk_keys: int | None = None
 ) -> AttentionPlan:
-    """The split/combine plan of one launch; `chunk_keys` overrides the
-    default chunk size (tests use it to get many chunks from tiny tables)."""
-    target = arch_info(arch)
+    """The split/combine plan of one launch on `target` (targets.arch_info:
+    its facts); `chunk_keys` overrides the default chunk size (tests use it
+    to get many chunks from tiny tables)."""
     if not (isinstance(tokens, int) and 1 <= tokens <= MAX_TOKENS):
         raise ValueError(f"tokens: expected an int in 1..{MAX_TOKENS}, got {tokens!r}")
     if ratio not in RATIOS:
@@ -327,7 +326,7 @@ def plan_attention(
             max(ck // PV_PASSES[-1], KEY_TILE), False).values())
         raise ValueError(
             f"chunk_keys: {ck} keys with {heads} heads need {need} B of LDS, "
-            f"{arch} has {target.lds_budget}"
+            f"{target.name} has {target.lds_budget}"
         )
     cpt = chunks_per_task(tokens, nchunk, heads, ck, target)
     if cpt > 1:
@@ -335,7 +334,7 @@ def plan_attention(
     key_parts, raw_keys, lds, lds_bytes = layout
     tasks_per_token = math.ceil(nchunk / cpt)
     return AttentionPlan(
-        arch=arch,
+        arch=target.name,
         tokens=tokens,
         heads=heads,
         keys=keys,
@@ -354,4 +353,14 @@ def plan_attention(
         lds=lds,
         lds_bytes=lds_bytes,
         scratch=_scratch(tokens, nchunk, heads),
+        head_dim=HEAD_DIM,
+        nope_dims=NOPE_DIM,
+        rope_dims=ROPE_DIM,
+        kv_data_bytes=KV_DATA_BYTES,
+        kv_scale_bytes=KV_SCALE_BYTES,
+        q_row=Q_ROW,
+        p_row=2 * ck + P_PAD,
+        raw_stride=RAW_STRIDE,
+        record_pieces=RECORD_PIECES,
+        part_pieces=PART_PIECES[key_parts],
     )

@@ -1,7 +1,7 @@
 """What code generation believes about each target: the one table of arch facts.
 
 llvm.py takes the processor names from here, the planners and the templates
-(via `KernelSpec.arch_info`) everything else. The emulator keeps its own
+(via `KernelSpec.target`) everything else. The emulator keeps its own
 tables on purpose: it models the hardware independently of these beliefs.
 """
 

@@ -17,6 +17,7 @@ manifest with the sha256 of every file and the factors the key was made of.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import json
@@ -38,24 +39,72 @@ logger = logging.getLogger("k2back")
 MANIFEST = "manifest.json"
 _TEMP, _TRASH, _LOCKS = ".tmp.", ".trash.", ".locks"
 
-# Our own sources whose text decides what a build produces: the codegen
-# package (planner, renderer, compiler, linker, metadata) and this module (the
+# Our own modules whose text decides what a build produces: everything the
+# renderer and the compiler import, transitively (planner, model geometry,
+# formats, arch table, stage table, linker, metadata), and this module (the
 # entry format). Templates are hashed by the source (its key()).
 _PACKAGE = Path(k2back.__file__).parent
-_BUILD_SOURCES = ("codegen/*.py", "runtime/cache.py")
+BUILD_ROOTS = ("k2back.codegen.render", "k2back.codegen.compiler", "k2back.runtime.cache")
 
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _module_path(package: Path, name: str) -> Path | None:
+    """The file of k2back module `name` under `package` (a copy of k2back/), or None."""
+    parts = name.split(".")[1:]
+    for path in (package.joinpath(*parts).with_suffix(".py"), package.joinpath(*parts, "__init__.py")):
+        if parts and path.is_file() or not parts and path.name == "__init__.py" and path.is_file():
+            return path
+    return None
+
+
+def _module_level(nodes):
+    """The statements run at import: the module body, into if/try/with blocks."""
+    for node in nodes:
+        yield node
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield from _module_level(n for n in ast.iter_child_nodes(node) if isinstance(n, ast.stmt))
+
+
+def _imports(path: Path) -> set[str]:
+    """The k2back modules `path` imports when it is imported (not a function's
+    lazy imports: `k2back.__getattr__`'s api)."""
+    names = set()
+    for node in _module_level(ast.parse(path.read_bytes(), str(path)).body):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return {n for n in names if n == "k2back" or n.startswith("k2back.")}
+
+
+def build_modules(package: Path = _PACKAGE) -> dict[str, Path]:
+    """Module -> file of BUILD_ROOTS' import closure within k2back (`package`:
+    the k2back directory to read)."""
+    found, todo = {}, list(BUILD_ROOTS)
+    while todo:
+        name = todo.pop()
+        path = _module_path(package, name)
+        if name in found or path is None:
+            continue
+        found[name] = path
+        todo += sorted(_imports(path))
+    return dict(sorted(found.items()))
+
+
+def sources_hash(package: Path = _PACKAGE) -> str:
+    digest = hashlib.sha256()
+    for name, path in build_modules(package).items():
+        digest.update(name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 @functools.cache
 def codegen_hash() -> str:
-    digest = hashlib.sha256()
-    for path in sorted(p for pattern in _BUILD_SOURCES for p in _PACKAGE.glob(pattern)):
-        digest.update(path.relative_to(_PACKAGE).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
+    """sha256 of the build modules' text (once a process: sources do not change under it)."""
+    return sources_hash()
 
 
 def key_factors(source_key: str, arch: str, features: str, toolchain: dict[str, str]) -> dict:
