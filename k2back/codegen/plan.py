@@ -39,6 +39,7 @@ WAVES = THREADS // 64
 TILE = 16  # MFMA 16x16: weight rows of an A tile, tokens of a B tile
 WOA_ROWS = 2 * TILE  # wo_a rows a task: one MXFP8 block of Z columns
 STEP_BYTES = 64  # k bytes one 16-B load a lane covers across the 4 lane groups
+THREADS_PER_TOKEN = 8  # GEMV epilogue threads a token of a 16-token tile
 REGION_ALIGN = 256
 FLAG_BYTES = 4
 MAX_TOKENS = 64
@@ -65,10 +66,28 @@ class LdsMember:
 
 
 @dataclass(frozen=True)
+class GemvMma:
+    """How an arch's GEMV reaches the MFMA (templates gemv_<name>.ll.j2)."""
+
+    name: str
+    x_tokens: int  # tokens of one B operand tile
+    code_steps: int  # 64-B steps one block code of a lane covers
+
+
+# gfx950: v_mfma_scale_f32_16x16x128_f8f6f4 contracts 128 k (two steps, one
+# block code a lane group) with 16 tokens a B tile; gfx942: the FNUZ fp8 MFMA,
+# a step's two blocks in two halves of B's columns (8 tokens a tile), scaled in
+# fp32 after the MFMA
+GEMV_MMA = {"scaled": GemvMma("scaled", x_tokens=TILE, code_steps=2),
+            "fp8": GemvMma("fp8", x_tokens=TILE // 2, code_steps=1)}
+
+
+@dataclass(frozen=True)
 class GemvStage:
     """One GEMV stage: `tasks` tasks of `rows` weight rows times the S activation
     rows (fp8 + UE8M0 codes in scratch): the scaled f8f6f4 MFMA on gfx950, the
-    FNUZ fp8 MFMA with each product block scaled in fp32 on gfx942 (gemv.ll.j2).
+    FNUZ fp8 MFMA with each product block scaled in fp32 on gfx942 (gemv.ll.j2,
+    gemv_scaled.ll.j2, gemv_fp8.ll.j2).
 
     Wave w < k_waves contracts k bytes [w·k_steps·64, (w+1)·k_steps·64) of every
     row tile: lane (r = ℓ%16, j = ℓ/16) loads 16 B at k = that + 64·i + 16·j of
@@ -77,6 +96,7 @@ class GemvStage:
     """
 
     name: str
+    mma: str  # GEMV_MMA's name: the template of the MFMA loop
     tasks: int
     first_cta: int  # task t runs on CTA (first_cta + t % ctas) % BLOCKS, as its (t // ctas)th
     ctas: int
@@ -85,9 +105,14 @@ class GemvStage:
     k: int  # contraction length = weight row bytes
     k_waves: int
     k_steps: int
+    step: int  # k bytes of a step: one 16-B load a lane over the 4 lane groups
+    block: int  # k bytes (and rows) of an MXFP8 block: one code
     code_steps: int  # steps one block code of a lane covers: 1 (gfx942 fp8 MFMA), 2 (gfx950 scaled MFMA)
     x_batch: int  # steps of activations a lane holds at once, each token tile (64 VGPRs in all)
     token_tiles: int
+    x_tokens: int  # tokens of one B operand tile (x tile)
+    x_tiles: tuple[tuple[int, ...], ...]  # the x tiles of each 16-token tile
+    x_steps: tuple[int, ...]  # activation steps loaded at once, each 16-token tile
     weight: str  # kernel argument of the fp8 weight and ...
     weight_scale: str  # ... of its UE8M0 codes (one a 32x32 block)
     x: str  # scratch region of the fp8 activation rows and ...
@@ -95,6 +120,8 @@ class GemvStage:
     x_row: int  # bytes between consecutive tokens' activation rows
     tasks_per_group: int  # task // this = the group whose k activation columns a task reads
     red: int  # LDS offset of the cross-wave partial sums: f32 [k_waves][row tiles][64][4]
+    red_wave: int  # LDS bytes of one wave's partial sums in red
+    ep_threads: int  # threads of the epilogue: 8 a token of a 16-token tile
 
     @property
     def row_tiles(self) -> int:
@@ -106,7 +133,17 @@ class GemvStage:
 
     @property
     def red_bytes(self) -> int:
-        return self.k_waves * self.row_tiles * 64 * 16
+        return self.k_waves * self.red_wave
+
+    @property
+    def codes(self) -> int:
+        """Block codes a lane holds of its wave's k share."""
+        return self.k_steps // self.code_steps
+
+    @property
+    def code_blocks(self) -> int:
+        """Blocks of k between a lane's consecutive codes."""
+        return self.code_steps * self.step // self.block
 
 
 @dataclass(frozen=True)
@@ -279,6 +316,100 @@ def _check(name: str, value, expected: str, ok: bool):
         raise ValueError(f"{name}: expected {expected}, got {value!r}")
 
 
+def _x_schedule(mma: GemvMma, tokens: int, k_steps: int, x_batch: int):
+    """(x tiles, activation steps loaded at once) of each 16-token tile: one x
+    tile of 16 tokens; or (fp8, 8 tokens an x tile) the tile's one or two x
+    tiles below S, the planner's x_batch loads of a 16-token tile shared by
+    them (more spill beside V4-pro's weights)."""
+    token_tiles = math.ceil(tokens / TILE)
+    per_tile = TILE // mma.x_tokens
+    in_s = math.ceil(tokens / mma.x_tokens)
+    tiles = tuple(tuple(u for u in range(per_tile * t, per_tile * (t + 1)) if u < in_s)
+                  for t in range(token_tiles))
+    if per_tile == 1:
+        return tiles, (x_batch,) * token_tiles
+    steps = tuple(max(d for d in range(1, k_steps + 1)
+                      if k_steps % d == 0 and d * len(us) <= max(x_batch, len(us)))
+                  for us in tiles)
+    return tiles, steps
+
+
+def _gemv_stage(name: str, mma: GemvMma, tokens: int, tasks: int, first_cta: int, ctas: int,
+                batch: bool, rows: int, k: int, x_batch: int, **operands) -> GemvStage:
+    k_waves, k_steps = _k_split(k, mma.code_steps)
+    x_tiles, x_steps = _x_schedule(mma, tokens, k_steps, x_batch)
+    return GemvStage(
+        name=name, mma=mma.name, tasks=tasks, first_cta=first_cta, ctas=ctas, batch=batch,
+        rows=rows, k=k, k_waves=k_waves, k_steps=k_steps, step=STEP_BYTES, block=MX_BLOCK,
+        code_steps=mma.code_steps, x_batch=x_batch, token_tiles=math.ceil(tokens / TILE),
+        x_tokens=mma.x_tokens, x_tiles=x_tiles, x_steps=x_steps,
+        red=0, red_wave=rows // TILE * 64 * 16, ep_threads=TILE * THREADS_PER_TOKEN, **operands)
+
+
+def _gemv_stages(geo, rank: RankShape, tokens: int, attention_tasks: int, blocks: int,
+                 mma: GemvMma) -> tuple[GemvStage, GemvStage]:
+    """wo_a (tasks of WOA_ROWS rows of a group's wo_a) from the CTA after the
+    last attention task, then wo_b (TILE rows of wo_b a task)."""
+    token_tiles = math.ceil(tokens / TILE)
+    woa_tasks = rank.o_rows // WOA_ROWS
+    _, woa_steps = _k_split(geo.group_k, mma.code_steps)
+    wo_a = _gemv_stage(
+        "wo_a", mma, tokens, woa_tasks, attention_tasks % blocks, min(blocks, woa_tasks),
+        batch=False, rows=WOA_ROWS, k=geo.group_k,
+        x_batch=_x_batch(woa_steps, mma.code_steps, token_tiles, WOA_ROWS // TILE * woa_steps),
+        weight="wo_a", weight_scale="wo_a_scale", x="xo", x_codes="xo_codes",
+        x_row=rank.q_cols, tasks_per_group=geo.o_rank // WOA_ROWS)
+    wob_tasks = geo.hidden // TILE
+    _, wob_steps = _k_split(rank.o_rows, mma.code_steps)
+    wob_ctas = _wo_b_ctas(wob_tasks, attention_tasks + woa_tasks, blocks, TILE * rank.o_rows,
+                          wob_steps, token_tiles, WOA_ROWS * geo.group_k)
+    wo_b = _gemv_stage(
+        "wo_b", mma, tokens, wob_tasks, (attention_tasks + woa_tasks) % blocks, wob_ctas,
+        batch=_batch_fits(math.ceil(wob_tasks / wob_ctas) * wob_steps, token_tiles),
+        rows=TILE, k=rank.o_rows,
+        x_batch=_x_batch(wob_steps, mma.code_steps, token_tiles, wob_steps),
+        weight="wo_b", weight_scale="wo_b_scale", x="x8b", x_codes="x8b_codes",
+        x_row=rank.o_rows, tasks_per_group=geo.hidden // TILE)
+    return wo_a, wo_b
+
+
+def _lds_union(att: AttentionPlan, gemvs, info: ArchInfo, what: str):
+    """(members, bytes): stages run one after another on a CTA, so their
+    members overlap (a union); the kernel's own word (the launch's flag tag)
+    sits past them all."""
+    stage_members = [LdsMember("split", n, o, b) for n, (o, b) in att.lds.items()]
+    stage_members += [LdsMember(s.name, "red", s.red, s.red_bytes) for s in gemvs]
+    union = _align(max(m.offset + m.bytes for m in stage_members), 16)
+    lds = (*stage_members, LdsMember("kernel", "tag", union, KERNEL_LDS))
+    lds_bytes = union + KERNEL_LDS
+    if lds_bytes > info.lds_budget:
+        raise ValueError(f"tokens/tp: {what} needs {lds_bytes} B of LDS, "
+                         f"{info.name} has {info.lds_budget}")
+    return lds, lds_bytes
+
+
+def _scratch_regions(att: AttentionPlan, wo_a: GemvStage, rank: RankShape, tokens: int,
+                     blocks: int) -> tuple[tuple[Region, ...], int]:
+    """The scratch regions at 256-B aligned offsets, and the bytes of all."""
+    region_bytes = {
+        **att.scratch,
+        "x8b": tokens * rank.o_rows,
+        "x8b_codes": tokens * rank.o_rows // MX_BLOCK,
+        # hand-off flags: one word a producer task, value = the launch's tag
+        "split_flags": att.split_tasks * FLAG_BYTES,
+        "combine_flags": att.combine_tasks * FLAG_BYTES,
+        "wo_a_flags": wo_a.tasks * FLAG_BYTES,
+        # the epoch word and one mark word a CTA (SPEC §3)
+        "epoch": FLAG_BYTES,
+        "epoch_marks": blocks * FLAG_BYTES,
+    }
+    scratch, offset = [], 0
+    for name, size in region_bytes.items():
+        scratch.append(Region(name, offset, size))
+        offset = _align(offset + size)
+    return tuple(scratch), offset
+
+
 def plan(geometry, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str = "auto",
          comp_fp8: str = "auto", *, target: ArchInfo | None = None) -> KernelSpec:
     """The KernelSpec of one launch. `target`: the facts of `arch` to plan for
@@ -297,65 +428,12 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str = "
     swa_fp8, comp_fp8 = resolve_key_fp8(arch, swa_fp8, comp_fp8)
     att = plan_attention(rank, tokens, ratio, info)
     blocks = info.blocks
-    token_tiles = math.ceil(tokens / TILE)
 
     attention_tasks = att.split_tasks + att.combine_tasks
-    woa_tasks = rank.o_rows // WOA_ROWS
-    # a scaled MFMA contracts 128 k: two steps, one block code a lane group
-    code_steps = 2 if info.scaled_mfma else 1
-    woa_waves, woa_steps = _k_split(geo.group_k, code_steps)
-    wob_waves, wob_steps = _k_split(rank.o_rows, code_steps)
-    wo_a = GemvStage(
-        name="wo_a", tasks=woa_tasks, first_cta=attention_tasks % blocks,
-        ctas=min(blocks, woa_tasks), batch=False, rows=WOA_ROWS,
-        k=geo.group_k, k_waves=woa_waves, k_steps=woa_steps, code_steps=code_steps,
-        x_batch=_x_batch(woa_steps, code_steps, token_tiles, WOA_ROWS // TILE * woa_steps),
-        token_tiles=token_tiles,
-        weight="wo_a", weight_scale="wo_a_scale", x="xo", x_codes="xo_codes",
-        x_row=rank.q_cols, tasks_per_group=geo.o_rank // 32, red=0,
-    )
-    wob_tasks = geo.hidden // TILE
-    wob_ctas = _wo_b_ctas(wob_tasks, attention_tasks + woa_tasks, blocks, TILE * rank.o_rows,
-                          wob_steps, token_tiles, WOA_ROWS * geo.group_k)
-    wo_b = GemvStage(
-        name="wo_b", tasks=wob_tasks, first_cta=(attention_tasks + woa_tasks) % blocks,
-        ctas=wob_ctas, batch=_batch_fits(math.ceil(wob_tasks / wob_ctas) * wob_steps, token_tiles),
-        rows=TILE, k=rank.o_rows, k_waves=wob_waves, k_steps=wob_steps, code_steps=code_steps,
-        x_batch=_x_batch(wob_steps, code_steps, token_tiles, wob_steps),
-        token_tiles=token_tiles,
-        weight="wo_b", weight_scale="wo_b_scale", x="x8b", x_codes="x8b_codes",
-        x_row=rank.o_rows, tasks_per_group=geo.hidden // TILE, red=0,
-    )
-
-    # LDS: stages run one after another on a CTA, so their members overlap (a
-    # union); the kernel's own word (the launch's flag tag) sits past them all.
-    stage_members = [LdsMember("split", n, o, b) for n, (o, b) in att.lds.items()]
-    stage_members += [LdsMember(s.name, "red", s.red, s.red_bytes) for s in (wo_a, wo_b)]
-    union = _align(max(m.offset + m.bytes for m in stage_members), 16)
-    lds = (*stage_members, LdsMember("kernel", "tag", union, KERNEL_LDS))
-    lds_bytes = union + KERNEL_LDS
-    if lds_bytes > info.lds_budget:
-        raise ValueError(
-            f"tokens/tp: {geo.name} TP {tp} S {tokens} needs {lds_bytes} B of LDS, "
-            f"{arch} has {info.lds_budget}"
-        )
-
-    region_bytes = {
-        **att.scratch,
-        "x8b": tokens * rank.o_rows,
-        "x8b_codes": tokens * rank.o_rows // MX_BLOCK,
-        # hand-off flags: one word a producer task, value = the launch's tag
-        "split_flags": att.split_tasks * FLAG_BYTES,
-        "combine_flags": att.combine_tasks * FLAG_BYTES,
-        "wo_a_flags": woa_tasks * FLAG_BYTES,
-        # the epoch word and one mark word a CTA (SPEC §3)
-        "epoch": FLAG_BYTES,
-        "epoch_marks": blocks * FLAG_BYTES,
-    }
-    scratch, offset = [], 0
-    for name, size in region_bytes.items():
-        scratch.append(Region(name, offset, size))
-        offset = _align(offset + size)
+    mma = GEMV_MMA["scaled" if info.scaled_mfma else "fp8"]
+    wo_a, wo_b = _gemv_stages(geo, rank, tokens, attention_tasks, blocks, mma)
+    lds, lds_bytes = _lds_union(att, (wo_a, wo_b), info, f"{geo.name} TP {tp} S {tokens}")
+    scratch, scratch_bytes = _scratch_regions(att, wo_a, rank, tokens, blocks)
 
     return KernelSpec(
         geometry=geo.name, tp=tp, tokens=tokens, ratio=ratio, arch=arch,
@@ -365,5 +443,5 @@ def plan(geometry, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str = "
         hidden=geo.hidden, o_rank=geo.o_rank, o_rows=rank.o_rows, keys=rank.keys,
         attention=att, split_first_cta=0, combine_first_cta=att.split_tasks % blocks,
         wo_a=wo_a, wo_b=wo_b, lds=lds, lds_bytes=lds_bytes,
-        scratch=tuple(scratch), scratch_bytes=offset, target=info,
+        scratch=scratch, scratch_bytes=scratch_bytes, target=info,
     )
