@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import k2back
+from k2back.codegen import render
 from k2back.codegen.testing import RENDERED_IR, guard_digests
 from k2back.runtime import cache
 
@@ -63,3 +64,41 @@ def test_touching_a_constant_of_a_build_module_changes_the_key(module, tmp_path)
     path = cache.build_modules(package)[module]
     path.write_text(_touch_a_constant(path.read_text()))
     assert cache.sources_hash(package) != before
+
+
+# --- templates restate nothing the planner knows -----------------------------
+
+# Integer literals a template's Jinja may hold: 0 and 1, and the powers of two
+# of IR types and the fixed MFMA/wave shapes (bf16 and f32 bytes, 8/16/32/64-bit
+# widths, 16-lane rows, 64-lane waves). Anything else is a planner fact
+# (spec field) or a named constant of the arch table (`{% set NAME = ... %}`).
+LITERAL_ALLOWLIST = {0, 1, 2, 4, 8, 16, 32, 64}
+_JINJA = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.DOTALL)
+_NAMED_CONSTANT = re.compile(r"\{%-?\s*set\s+[A-Z][A-Z0-9_]*\s*=")
+
+
+def jinja_literals(text: str) -> list[tuple[int, str]]:
+    """(literal, expression) of every integer literal in the template's Jinja
+    expressions and statements, outside comments, strings and named constants."""
+    text = re.sub(r"\{#.*?#\}", "", text, flags=re.DOTALL)
+    found = []
+    for expression in _JINJA.findall(text):
+        if _NAMED_CONSTANT.match(expression):
+            continue
+        code = re.sub(r"\"[^\"]*\"|'[^']*'", "", expression)
+        found += [(int(n), expression) for n in re.findall(r"(?<![\w.])(\d+)(?![\w.])", code)]
+    return found
+
+
+def test_literal_check_flags_a_restated_number():
+    assert jinja_literals("{{ HT * 1024 }} {{ x }} {% for j in range(7) %}") == [
+        (1024, "{{ HT * 1024 }}"), (7, "{% for j in range(7) %}")]
+    assert jinja_literals('{# 1024 #}{{ "x" ~ 7 }} {% set BIAS = 127 %}{{ "7" }}') == [
+        (7, '{{ "x" ~ 7 }}')]
+
+
+@pytest.mark.parametrize("template", sorted(p.name for p in render.TEMPLATES.glob("*.j2")))
+def test_templates_hold_no_planner_numbers(template):
+    text = (render.TEMPLATES / template).read_text()
+    flagged = [(n, e) for n, e in jinja_literals(text) if n not in LITERAL_ALLOWLIST]
+    assert not flagged, f"{template}: integer literals the planner should emit: {flagged}"

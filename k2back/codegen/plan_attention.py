@@ -63,6 +63,7 @@ RAW_STRIDE = KV_DATA_BYTES + KV_SCALE_BYTES + 8
 # column of 16 heads hit different banks.
 Q_ROW = 2 * HEAD_DIM + 16
 P_PAD = 16  # bytes after a head's row of bf16 p
+DOTS_TILE = WAVE * 16  # a wave's partial scores of one head tile: f32x4 a lane
 # A record as one lane group's 16-B loads take it: (name, byte offset in the
 # record, byte offset of the same dims in a bf16 q row). Lane group g adds
 # 16·g to the record offset, so four groups cover each 64-B piece.
@@ -123,6 +124,9 @@ class AttentionPlan:
         head's p row (CK·2 + P_PAD) and of a raw record
       record_pieces: (name, record byte, q row byte) of each 64-B piece
       part_pieces: the pieces each part of a key tile's waves loads
+      nope_pieces: the record's 64-B e4m3 pieces n0.. (a code each); wave
+        nope_pieces does the PV of the rope dims
+      dots_tile: LDS bytes of one head tile's dots of a wave (64 lanes x f32x4)
       lds: member -> (offset, bytes) of the split stage (combine needs none):
         q     one head tile of q (CPT = 1) or all (CPT > 1), bf16 rows of
               Q_ROW bytes
@@ -170,6 +174,8 @@ class AttentionPlan:
     raw_stride: int
     record_pieces: tuple[tuple[str, int, int], ...]
     part_pieces: tuple[tuple[str, ...], ...]
+    nope_pieces: int
+    dots_tile: int
 
     @property
     def piece_part(self) -> dict[str, int]:
@@ -208,7 +214,7 @@ def _lds_members(heads_padded: int, chunk_keys: int, parts: int, raw_keys: int,
                  q_resident: bool) -> dict[str, tuple[int, int]]:
     key_tiles = chunk_keys // KEY_TILE
     p_bytes = heads_padded * (2 * chunk_keys + P_PAD)
-    dots_bytes = (parts - 1) * key_tiles * heads_padded // HEAD_TILE * WAVE * 16
+    dots_bytes = (parts - 1) * key_tiles * heads_padded // HEAD_TILE * DOTS_TILE
     # the parts' dots are dead once part 0 has summed them, before p is written
     p_dots = max(p_bytes, dots_bytes)
     sizes = {
@@ -363,4 +369,6 @@ def plan_attention(
         raw_stride=RAW_STRIDE,
         record_pieces=RECORD_PIECES,
         part_pieces=PART_PIECES[key_parts],
+        nope_pieces=NOPE_DIM // 64,
+        dots_tile=DOTS_TILE,
     )
