@@ -64,13 +64,18 @@ RAW_STRIDE = KV_DATA_BYTES + KV_SCALE_BYTES + 8
 Q_ROW = 2 * HEAD_DIM + 16
 P_PAD = 16  # bytes after a head's row of bf16 p
 DOTS_TILE = WAVE * 16  # a wave's partial scores of one head tile: f32x4 a lane
-# A record as one lane group's 16-B loads take it: (name, byte offset in the
-# record, byte offset of the same dims in a bf16 q row). Lane group g adds
+# A record as one lane group's 16-B loads take it: (name, kind, index, byte
+# offset in the record, byte offset of the same dims in a bf16 q row); kind
+# "n": e4m3 nope dims (a code each), "r": bf16 rope dims. Lane group g adds
 # 16·g to the record offset, so four groups cover each 64-B piece.
 RECORD_PIECES = (
-    *((f"n{j}", 64 * j, 2 * 64 * j) for j in range(NOPE_DIM // 64)),  # e4m3, a code each
-    *((f"r{j}", NOPE_DIM + 64 * j, 2 * NOPE_DIM + 64 * j) for j in range(2 * ROPE_DIM // 64)),
+    *((f"n{j}", "n", j, 64 * j, 2 * 64 * j) for j in range(NOPE_DIM // 64)),
+    *((f"r{j}", "r", j, NOPE_DIM + 64 * j, 2 * NOPE_DIM + 64 * j)
+      for j in range(2 * ROPE_DIM // 64)),
 )
+# bf16 dims a lane contributes to the QK of one piece: a nope piece's 16 B are
+# 16 fp8 dims, a rope piece's 8 bf16 ones
+PIECE_DIMS = {"n": 16, "r": 8}
 
 
 # Chunk sizes the split stage supports: one to eight waves of 16 keys.
@@ -122,7 +127,12 @@ class AttentionPlan:
       kv_data_bytes, kv_scale_bytes: an fp8_ds_mla record's data and scale bytes
       q_row, p_row, raw_stride: LDS bytes of a q row (bf16 + pad), of a
         head's p row (CK·2 + P_PAD) and of a raw record
-      record_pieces: (name, record byte, q row byte) of each 64-B piece
+      record_pieces: (name, kind "n"/"r", index, record byte, q row byte) of
+        each 64-B piece
+      qk_operands: the QK MFMAs of a key tile, in record order: (piece, kind,
+        index, part, o, q row byte): piece `piece`'s o-th mfma_k dims a lane,
+        against q row bytes from `q row byte`, run by part `part`
+      scale_words: 4-byte words of a record's scale bytes
       part_pieces: the pieces each part of a key tile's waves loads
       nope_pieces: the record's 64-B e4m3 pieces n0.. (a code each); wave
         nope_pieces does the PV of the rope dims
@@ -172,8 +182,10 @@ class AttentionPlan:
     q_row: int
     p_row: int
     raw_stride: int
-    record_pieces: tuple[tuple[str, int, int], ...]
+    record_pieces: tuple[tuple[str, str, int, int, int], ...]
     part_pieces: tuple[tuple[str, ...], ...]
+    qk_operands: tuple[tuple[str, str, int, int, int, int], ...]
+    scale_words: int
     nope_pieces: int
     dots_tile: int
 
@@ -187,7 +199,7 @@ class AttentionPlan:
         """Per 4-byte word of a record's scale bytes (codes of nope pieces
         4w .. 4w+3): the parts that need it for their dequantization."""
         words = []
-        for word in range(self.kv_scale_bytes // 4):
+        for word in range(self.scale_words):
             codes = {f"n{j}" for j in range(4 * word, 4 * word + 4)}
             words.append(tuple(p for p, names in enumerate(self.part_pieces) if codes & set(names)))
         return tuple(words)
@@ -338,6 +350,10 @@ def plan_attention(
     if cpt > 1:
         layout = _layout(heads, ck, target, q_resident=True)
     key_parts, raw_keys, lds, lds_bytes = layout
+    piece_part = {n: part for part, names in enumerate(PART_PIECES[key_parts]) for n in names}
+    qk_operands = tuple((name, kind, j, piece_part[name], o, q_at + 2 * target.mfma_k * o)
+                        for name, kind, j, _, q_at in RECORD_PIECES
+                        for o in range(PIECE_DIMS[kind] // target.mfma_k))
     tasks_per_token = math.ceil(nchunk / cpt)
     return AttentionPlan(
         arch=target.name,
@@ -369,6 +385,8 @@ def plan_attention(
         raw_stride=RAW_STRIDE,
         record_pieces=RECORD_PIECES,
         part_pieces=PART_PIECES[key_parts],
+        qk_operands=qk_operands,
+        scale_words=KV_SCALE_BYTES // 4,
         nope_pieces=NOPE_DIM // 64,
         dots_tile=DOTS_TILE,
     )
