@@ -132,6 +132,7 @@ class AttentionPlan:
       qk_operands: the QK MFMAs of a key tile, in record order: (piece, kind,
         index, part, o, q row byte): piece `piece`'s o-th mfma_k dims a lane,
         against q row bytes from `q row byte`, run by part `part`
+      part_mfmas: QK MFMAs of each part (a chain: its dot is the last one)
       scale_words: 4-byte words of a record's scale bytes
       part_pieces: the pieces each part of a key tile's waves loads
       nope_pieces: the record's 64-B e4m3 pieces n0.. (a code each); wave
@@ -185,6 +186,7 @@ class AttentionPlan:
     record_pieces: tuple[tuple[str, str, int, int, int], ...]
     part_pieces: tuple[tuple[str, ...], ...]
     qk_operands: tuple[tuple[str, str, int, int, int, int], ...]
+    part_mfmas: tuple[int, ...]
     scale_words: int
     nope_pieces: int
     dots_tile: int
@@ -386,6 +388,7 @@ def plan_attention(
         record_pieces=RECORD_PIECES,
         part_pieces=PART_PIECES[key_parts],
         qk_operands=qk_operands,
+        part_mfmas=tuple(sum(op[3] == part for op in qk_operands) for part in range(key_parts)),
         scale_words=KV_SCALE_BYTES // 4,
         nope_pieces=NOPE_DIM // 64,
         dots_tile=DOTS_TILE,
