@@ -338,6 +338,13 @@ def test_part_pieces_cover_the_record_once_and_balance(parts):
     # MFMAs a part: 16 dims a lane of a nope piece, 8 of a rope piece
     work = {sum(16 if n[0] == "n" else 8 for n in part) for part in a.part_pieces}
     assert len(work) == 1
+    # the QK operands: each piece's dims once, mfma_k a lane an MFMA, by the piece's part
+    dims = {n: 0 for n, *_ in a.record_pieces}
+    for name, _, _, part, _, _ in a.qk_operands:
+        dims[name] += a.mfma_k
+        assert a.piece_part[name] == part
+    assert dims == {n: 16 if kind == "n" else 8 for n, kind, *_ in a.record_pieces}
+    assert sum(a.part_mfmas) == len(a.qk_operands) and len(a.part_mfmas) == parts
     for word, users in enumerate(a.scale_word_parts):
         codes = {f"n{j}" for j in range(4 * word, 4 * word + 4)}
         assert set(users) == {a.piece_part[n] for n in codes if n in a.piece_part}

@@ -4,6 +4,7 @@ and disjoint, the spec survives JSON; anything unsupported is refused by name.""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -73,6 +74,13 @@ def test_supported_configuration(config):
         assert st.k_waves * st.k_steps * 64 == st.k and st.k_steps % st.code_steps == 0
         assert max(len(ts) for ts in owners[st.name].values()) == st.per_cta
         assert st.token_tiles == math.ceil(tokens / 16)
+        # the x tiles of each 16-token tile: every token below S once, whole steps a batch
+        x_tiles = [u for us in st.x_tiles for u in us]
+        assert x_tiles == list(range(math.ceil(tokens / st.x_tokens)))
+        assert all(16 * tt <= st.x_tokens * u < 16 * (tt + 1)
+                   for tt, us in enumerate(st.x_tiles) for u in us)
+        assert all(st.k_steps % n == 0 and n % st.code_steps == 0 for n in st.x_steps)
+        assert st.red_bytes == st.k_waves * st.row_tiles * 64 * 16
     # wo_b on CTAs without earlier work, when it spreads over part of the grid
     free = spec.blocks - sum(spec.stage_tasks[s][0] for s in ("split", "combine", "wo_a"))
     if spec.wo_b.ctas <= free:
@@ -144,3 +152,14 @@ def test_key_formats_resolve_into_the_spec(arch, swa, comp, want):
     tags = {"e4m3fn": "ocp", "e4m3fnuz": "fnuz"}
     assert spec.name.endswith(f"_swa{tags[want[0]]}_comp{tags[want[1]]}")
     assert f"swa_cache {want[0]}, comp_cache {want[1]}" in spec.describe()
+
+
+def test_plan_takes_its_target_facts():
+    """A test plans for its own facts (no patching of targets.ARCHS), which the
+    spec carries; facts of another arch are refused by name."""
+    small = dataclasses.replace(ARCHS["gfx942"], blocks=4)
+    spec = plan("tiny", 4, 3, 2, "gfx942", target=small)
+    assert spec.blocks == 4 and spec.target == small and ARCHS["gfx942"].blocks == 304
+    assert KernelSpec.from_json(spec.to_json()) == spec
+    with pytest.raises(ValueError, match="^target: "):
+        plan("tiny", 4, 3, 2, "gfx942", target=ARCHS["gfx950"])
