@@ -113,6 +113,7 @@ class GemvStage:
     x_tokens: int  # tokens of one B operand tile (x tile)
     x_tiles: tuple[tuple[int, ...], ...]  # the x tiles of each 16-token tile
     x_steps: tuple[int, ...]  # activation steps loaded at once, each 16-token tile
+    scale_late: tuple[bool, ...]  # fp8: a step's products scaled one step late, each 16-token tile
     weight: str  # kernel argument of the fp8 weight and ...
     weight_scale: str  # ... of its UE8M0 codes (one a 32x32 block)
     x: str  # scratch region of the fp8 activation rows and ...
@@ -338,11 +339,14 @@ def _gemv_stage(name: str, mma: GemvMma, tokens: int, tasks: int, first_cta: int
                 batch: bool, rows: int, k: int, x_batch: int, **operands) -> GemvStage:
     k_waves, k_steps = _k_split(k, mma.code_steps)
     x_tiles, x_steps = _x_schedule(mma, tokens, k_steps, x_batch)
+    # one x tile hides no MFMA latency itself: scale its products a step later
+    # (two would: and late products would cost 4 VGPRs each)
+    scale_late = tuple(mma.name == "fp8" and len(us) == 1 for us in x_tiles)
     return GemvStage(
         name=name, mma=mma.name, tasks=tasks, first_cta=first_cta, ctas=ctas, batch=batch,
         rows=rows, k=k, k_waves=k_waves, k_steps=k_steps, step=STEP_BYTES, block=MX_BLOCK,
         code_steps=mma.code_steps, x_batch=x_batch, token_tiles=math.ceil(tokens / TILE),
-        x_tokens=mma.x_tokens, x_tiles=x_tiles, x_steps=x_steps,
+        x_tokens=mma.x_tokens, x_tiles=x_tiles, x_steps=x_steps, scale_late=scale_late,
         red=0, red_wave=rows // TILE * 64 * 16, ep_threads=TILE * THREADS_PER_TOKEN, **operands)
 
 
