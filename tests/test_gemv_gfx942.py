@@ -1,5 +1,5 @@
 """The GEMV stages' gfx942 path: fp8 MFMA (FNUZ) on the weight bytes as loaded,
-block scales applied in fp32 after each step (k2back/templates/gemv.ll.j2).
+block scales applied in fp32 after each step (k2back/templates/gemv_fp8.ll.j2).
 
 - The code object multiplies with v_mfma_f32_16x16x32_fp8_fp8 and converts no
   fp8 element (no v_cvt_pk_f32_fp8, no bf16 MFMA).
