@@ -4,6 +4,7 @@ record (a refactor keeps it byte-identical; a meant change re-records it with
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 import k2back
-from k2back.codegen import render
+from k2back.codegen import render, targets
+from k2back.codegen.plan import KernelSpec, plan
 from k2back.codegen.testing import RENDERED_IR, guard_digests
 from k2back.runtime import cache
 
@@ -102,3 +104,18 @@ def test_templates_hold_no_planner_numbers(template):
     text = (render.TEMPLATES / template).read_text()
     flagged = [(n, e) for n, e in jinja_literals(text) if n not in LITERAL_ALLOWLIST]
     assert not flagged, f"{template}: integer literals the planner should emit: {flagged}"
+
+
+# --- the spec is the whole input of rendering ---------------------------------
+
+@pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
+def test_the_spec_json_alone_determines_the_ir(arch):
+    """A spec rebuilt from its JSON renders the same IR and key (the JSON loses
+    nothing the templates read), also for target facts no table holds; that
+    the templates read the spec's facts, not the table's, is
+    test_attention_stages.test_kernel_key_covers_the_arch_facts."""
+    target = dataclasses.replace(targets.arch_info(arch), blocks=4, lds_budget=40 * 1024)
+    for spec in (plan("tiny", 4, 3, 2, arch), plan("tiny", 1, 3, 2, arch, target=target)):
+        again = KernelSpec.from_json(spec.to_json())
+        assert render.KernelSource(again).render() == render.KernelSource(spec).render()
+        assert render.KernelSource(again).key() == render.KernelSource(spec).key()
