@@ -54,10 +54,8 @@ def sha256(data: bytes) -> str:
 def _module_path(package: Path, name: str) -> Path | None:
     """The file of k2back module `name` under `package` (a copy of k2back/), or None."""
     parts = name.split(".")[1:]
-    for path in (package.joinpath(*parts).with_suffix(".py"), package.joinpath(*parts, "__init__.py")):
-        if parts and path.is_file() or not parts and path.name == "__init__.py" and path.is_file():
-            return path
-    return None
+    modules = [package.joinpath(*parts).with_suffix(".py")] if parts else []
+    return next((p for p in (*modules, package.joinpath(*parts, "__init__.py")) if p.is_file()), None)
 
 
 def _module_level(nodes):
