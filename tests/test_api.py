@@ -210,6 +210,7 @@ def reference_out(inputs, tokens):
     return attention_back(**inputs, chunk_keys=spec.attention.chunk_keys)
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("backend", PLACES)
 def test_one_layer_many_calls(backend):
     """One layer object: token counts 3, 1, 3 (kernel per S built once), fresh
@@ -223,6 +224,7 @@ def test_one_layer_many_calls(backend):
     assert len(layer._scratch) == 2  # one scratch a kernel, kept across calls
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("backend", PLACES)
 def test_out_given_and_qk_scale(backend):
     device, arch = PLACES[backend]
@@ -234,6 +236,7 @@ def test_out_given_and_qk_scale(backend):
 
 
 if "hip" in PLACES:
+    @pytest.mark.kernel
     def test_graph_capture_replays_the_layer():
         """Warm up outside capture, capture one call, replay it with new values
         copied into the captured buffers: each replay correct (the epoch
@@ -256,6 +259,7 @@ if "hip" in PLACES:
             compare("out", out.cpu(), reference_out(inputs, 2))
 
 
+@pytest.mark.kernel
 def test_opcheck(cache_dir):
     inputs = make_inputs(GEOMETRY, TP, 1, RATIO, seed=6, arch=ARCH)
     spec, _ = ops.kernel_for(Config(GEOMETRY, TP, 1, RATIO, ARCH, inputs["swa_fp8"],
@@ -271,12 +275,14 @@ def test_opcheck(cache_dir):
                           {**inputs, **fp8_as_bytes, **kwargs})
 
 
+@pytest.mark.kernel
 def test_kernel_for_resolves_auto_once():
     """"auto" and the formats it stands for are one kernel of the process."""
     named = ops.kernel_for(Config(GEOMETRY, 8, 1, 0, ARCH, "e4m3fnuz", "e4m3fn"))
     assert ops.kernel_for(Config(GEOMETRY, 8, 1, 0, ARCH)) is named
 
 
+@pytest.mark.kernel
 def test_target_id_features_reach_the_code_object():
     """arch with target-ID features (a device's gcnArchName): the same plan, a
     code object built for those features, its own cache entry."""

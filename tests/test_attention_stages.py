@@ -107,16 +107,19 @@ def check_combine(arch, tp, tokens, ratio, overrides, seed=2, geometry="tiny"):
     return kernel, run
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch,tp,tokens,ratio,overrides", CASES)
 def test_split_matches_reference(arch, tp, tokens, ratio, overrides):
     check_split(arch, tp, tokens, ratio, overrides)
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch,tp,tokens,ratio,overrides", CASES)
 def test_combine_matches_reference(arch, tp, tokens, ratio, overrides):
     check_combine(arch, tp, tokens, ratio, overrides)
 
 
+@pytest.mark.kernel
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
 def test_v41_flash_stages(arch):
@@ -133,6 +136,7 @@ def shrink_grid(monkeypatch, arch: str, blocks: int):
                         dataclasses.replace(targets.ARCHS[arch], blocks=blocks))
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch,tp,overrides", [
     ("gfx942", 4, {}),
     ("gfx942", 8, {}),  # half a head tile
@@ -147,6 +151,7 @@ def test_split_tasks_of_several_chunks(arch, tp, overrides, monkeypatch):
     check_split(arch, tp, 3, 2, overrides)
 
 
+@pytest.mark.kernel
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
 @pytest.mark.parametrize("lds_kib,passes", [(None, None), (37, 4)])
@@ -164,6 +169,7 @@ def test_v41_flash_split_tasks_of_several_chunks(arch, lds_kib, passes, monkeypa
     check_split(arch, 4, 1, 2, {}, geometry="v4.1-flash")
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
 @pytest.mark.parametrize("name,overrides", EDGES, ids=[e[0] for e in EDGES])
 def test_edge_cases(arch, name, overrides):
@@ -171,6 +177,7 @@ def test_edge_cases(arch, name, overrides):
     check_combine(arch, 4, 3, 2, overrides)
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
 @pytest.mark.parametrize("lds_kib,passes", [(40, 1), (30, 2)])
 def test_short_lds_layouts(arch, lds_kib, passes, monkeypatch):
@@ -185,6 +192,7 @@ def test_short_lds_layouts(arch, lds_kib, passes, monkeypatch):
     check_split(arch, 1, 3, 2, {})
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
 def test_negative_zero_key_bytes(arch):
     """OCP -0 (0x80) key bytes are NaN to gfx942's FNUZ converter: they must
@@ -208,6 +216,7 @@ def test_negative_zero_key_bytes(arch):
     compare("chunk_max", torch.where(live[..., None], got, -math.inf), want["chunk_max"])
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch", ("gfx942", "gfx950"))
 def test_split_instruction_choice(arch):
     """16-B record loads, MFMA for QK and PV, no scratch, LDS within budget."""

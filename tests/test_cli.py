@@ -73,6 +73,7 @@ def summary(stdout: str) -> dict[str, int]:
     return {word: int(n) for n, word in re.findall(r"(\d+) (built|cached|failed)", stdout)}
 
 
+@pytest.mark.kernel
 def test_warmup_twice_second_all_hits(tmp_path):
     config = (*TINY, "--arch", "gfx942,gfx950", "--tokens", "1,3")
     first = warmup(tmp_path, *config, jobs=2)  # worker processes, then this process
@@ -84,6 +85,7 @@ def test_warmup_twice_second_all_hits(tmp_path):
     assert "k2_back_tiny_tp4_s3_r2_gfx950_swaocp_compocp" in second.stdout
 
 
+@pytest.mark.kernel
 def test_warmup_key_format_lists(tmp_path):
     """--swa-fp8 / --comp-fp8 take comma lists: a kernel a format pair ("auto"
     on gfx942 is e4m3fnuz for the window: that pair's kernel, named so)."""
@@ -103,6 +105,7 @@ def test_bad_key_format_is_rejected(tmp_path):
     assert done.returncode == 2 and "--swa-fp8" in done.stderr and "e4m3fnuz" in done.stderr
 
 
+@pytest.mark.kernel
 def test_warmup_reports_failures_and_exits_nonzero(tmp_path):
     # a linker that is not there: every build fails, each one a row of the report
     done = warmup(tmp_path, *TINY, "--arch", "gfx942", "--tokens", "1,2",
@@ -182,6 +185,7 @@ def test_an_invalid_selftest_arch_is_refused(capsys):
                                     "gfx950 or a comma list, got 'gfx942,gfx90a'")
 
 
+@pytest.mark.kernel
 def test_concurrent_warmups_and_a_truncated_entry(tmp_path):
     config = (*TINY, "--arch", "gfx942", "--tokens", "2")
     with ThreadPoolExecutor(2) as pool:
@@ -200,6 +204,7 @@ def test_concurrent_warmups_and_a_truncated_entry(tmp_path):
     assert summary(warmup(tmp_path, *config).stdout)["cached"] == 1
 
 
+@pytest.mark.kernel
 def test_dump_to_stdout_and_to_files(tmp_path):
     config = (*TINY, "--arch", "gfx950", "--tokens", "3")
     shown = k2back("dump", *config, cache_dir=tmp_path)
@@ -231,6 +236,7 @@ def test_plan_table(tmp_path):
                     cache_dir=tmp_path)
     assert "key bytes: swa_cache e4m3fn, comp_cache e4m3fn" in chosen.stdout
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("perturb, code", [((), 0), (("--perturb",), 1)])
 def test_verify(tmp_path, perturb, code):
     done = k2back("verify", *TINY, "--arch", "gfx942", "--tokens", "3", "--seed", "5", *perturb,

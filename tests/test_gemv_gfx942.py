@@ -21,6 +21,8 @@ from k2back.runtime.emu import EmuBackend
 from k2back.testing import GEMV_STAGES as GEMV
 from k2back.testing import asm_lines, build, check, gemv_launch, make_inputs
 
+pytestmark = pytest.mark.kernel  # every test here builds or runs the K2 kernel
+
 NAN_BYTES = (0x7F, 0xFF)  # e4m3fn's NaNs: weights never hold them
 
 

@@ -47,6 +47,8 @@ from k2back.testing import (
     verify,
 )
 
+pytestmark = pytest.mark.kernel  # every test here builds or runs the K2 kernel
+
 GEMV = GEMV_STAGES
 
 

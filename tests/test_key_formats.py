@@ -56,6 +56,7 @@ def inputs_for(arch, swa, comp, ratio, tokens, seed, **kw):
     return make_inputs("tiny", 4, tokens, ratio, seed, arch=arch, swa_fp8=swa, comp_fp8=comp, **kw)
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch, swa, comp, ratio, tokens", _matrix())
 def test_format_matrix(arch, swa, comp, ratio, tokens):
     """The whole kernel of the format pair, on caches written in it: out, XO
@@ -86,6 +87,7 @@ def test_defaults_are_what_vllm_writes():
 WRONG = {"e4m3fn": "e4m3fnuz", "e4m3fnuz": "e4m3fn"}
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_a_kernel_told_the_wrong_window_format_fails_by_far(arch):
     """The bug of issue 8: realistic FNUZ window bytes (what vLLM writes on
@@ -206,6 +208,7 @@ def split_against_reference(arch, swa, comp, inputs, read=None):
     return got, want
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("swa, comp", PAIRS)
 def test_edge_bytes_and_codes(arch, swa, comp):
@@ -216,6 +219,7 @@ def test_edge_bytes_and_codes(arch, swa, comp):
         compare(name, got[name], want[name])
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_edge_bytes_through_the_whole_kernel(arch):
     swa, comp = VLLM_KEY_FP8[arch]
@@ -223,6 +227,7 @@ def test_edge_bytes_through_the_whole_kernel(arch):
     verify(Config("tiny", 4, 3, 2, arch, swa, comp), inputs).assert_ok()
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("swa, comp", [VLLM_KEY_FP8["gfx942"], ("e4m3fn", "e4m3fn")])
 def test_code_255_blocks_with_the_writers_marker(arch, swa, comp):

@@ -868,8 +868,3 @@ def calibrate(cases=CALIBRATION_CASES, chunk_keys=(64, 128)) -> dict[str, dict[s
                                                  runs[NATURAL, chunk_keys[0]]))
     return worst
 
-
-if __name__ == "__main__":
-    import json
-
-    print(json.dumps(calibrate(), indent=1))
