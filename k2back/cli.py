@@ -17,6 +17,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_compl
 from pathlib import Path
 
 from k2back import knobs, model
+from k2back.codegen.targets import ARCHS
 from k2back.config import RATIOS, Config
 from k2back.formats import FP8_CHOICES
 
@@ -51,22 +52,18 @@ def name_list(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
 
 
-def arch_list(text: str) -> list[str]:
-    from k2back.codegen.targets import ARCHS
+def choice_list(choices: tuple[str, ...]):
+    """The parser of a comma list of `choices`."""
+    def parse(text: str) -> list[str]:
+        names = name_list(text)
+        if not names or any(n not in choices for n in names):
+            raise argparse.ArgumentTypeError(f"expected {', '.join(choices)} or a comma list, "
+                                             f"got {text!r}")
+        return names
+    return parse
 
-    names = name_list(text)
-    if not names or any(n not in ARCHS for n in names):
-        raise argparse.ArgumentTypeError(f"expected {', '.join(ARCHS)} or a comma list, "
-                                         f"got {text!r}")
-    return names
 
-
-def fp8_list(text: str) -> list[str]:
-    names = name_list(text)
-    if not names or any(n not in FP8_CHOICES for n in names):
-        raise argparse.ArgumentTypeError(f"expected {', '.join(FP8_CHOICES)} or a comma list, "
-                                         f"got {text!r}")
-    return names
+fp8_list = choice_list(FP8_CHOICES)
 
 
 # Config field -> (parser of its flag's text, default, help); the flag is --field-name
@@ -292,7 +289,6 @@ def cmd_cache(parser, args) -> int:
 def cmd_selftest(parser, args) -> int:
     """Unit kernels and the K2 kernel on the GPU and in the emulator (k2back.selftest)."""
     from k2back import selftest
-    from k2back.codegen.llvm import ARCHS
 
     if args.emulator_only:
         gpu, reason, arch = None, "--emulator-only", None
@@ -340,7 +336,7 @@ def parser() -> argparse.ArgumentParser:
     sub.choices["verify"].add_argument("--perturb", action="store_true",
                                        help=argparse.SUPPRESS)  # test-only: must then fail
     sub.choices["cache"].add_argument("action", choices=("ls", "size", "clear"))
-    sub.choices["selftest"].add_argument("--arch", type=arch_list, default=None,
+    sub.choices["selftest"].add_argument("--arch", type=choice_list(ARCHS), default=None,
                                          help="the emulator half's archs (default: all)")
     sub.choices["selftest"].add_argument("--emulator-only", action="store_true",
                                          help="skip the GPU even if there is one")
