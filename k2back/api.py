@@ -52,6 +52,7 @@ class AttentionBack:
         self.max_tokens = max_tokens
         self.backend = backend
         self.swa_fp8, self.comp_fp8 = swa_fp8, comp_fp8
+        self._configs: dict[tuple, Config] = {}  # (tokens, device) -> a launch's Config
         self._scratch: dict[tuple, torch.Tensor] = {}  # (kernel name, device) -> scratch
 
     def __repr__(self) -> str:
@@ -67,15 +68,19 @@ class AttentionBack:
         return chosen
 
     def config(self, tokens: int, device: torch.device) -> Config:
-        """The configuration of a launch of `tokens` tokens on `device`."""
-        if self.arch != "auto":
-            arch = self.arch
-        elif device.type != "cuda":
-            raise ValueError(f"arch='auto' reads a GPU's gcnArchName, but the tensors are on "
-                             f"{device}: pass arch= one of {ARCHS} for the emulator")
-        else:
-            arch = hip.device_arch(device)
-        return replace(self._layer, tokens=tokens, arch=arch)
+        """The configuration of a launch of `tokens` tokens on `device`, its key
+        formats resolved (checked once a layer, tokens and device)."""
+        key = (tokens, device)
+        if key not in self._configs:
+            if self.arch != "auto":
+                arch = self.arch
+            elif device.type != "cuda":
+                raise ValueError(f"arch='auto' reads a GPU's gcnArchName, but the tensors are "
+                                 f"on {device}: pass arch= one of {ARCHS} for the emulator")
+            else:
+                arch = hip.device_arch(device)
+            self._configs[key] = replace(self._layer, tokens=tokens, arch=arch).resolved()
+        return self._configs[key]
 
     def key_formats(self, arch: str) -> tuple[str, str]:
         """The byte formats (swa_cache, comp_cache) this layer reads on
@@ -101,7 +106,7 @@ class AttentionBack:
                         max_tokens=self.max_tokens, out=out)
         device = q.device
         backend = self._backend(device)
-        config = self.config(q.shape[0], device).resolved()
+        config = self.config(q.shape[0], device)
         for name, given_format in (("swa_fp8", swa_fp8), ("comp_fp8", comp_fp8)):
             reads = getattr(config, name)
             if given_format is not None and given_format != reads:

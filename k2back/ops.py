@@ -25,7 +25,7 @@ from k2back.runtime.hip import HipBackend, refuse_during_capture
 BACKENDS = {"emu": EmuBackend, "hip": HipBackend}
 DEVICE_BACKENDS = {"cpu": "emu", "cuda": "hip"}
 
-# Config (key formats resolved) -> (spec, kernel)
+# Config (as given and with its key formats resolved) -> (spec, kernel)
 _KERNELS: dict[Config, tuple] = {}
 
 
@@ -56,11 +56,19 @@ def build(config: Config, stages=None):
 def kernel_for(config: Config):
     """`build`, once a process: what every launch goes through ("auto"
     formats resolved first: one kernel however they are named)."""
-    config = config.resolved()
     if config not in _KERNELS:
-        refuse_during_capture(f"building the kernel for {config}")
-        _KERNELS[config] = build(config)
+        resolved = config.resolved()
+        if resolved not in _KERNELS:
+            refuse_during_capture(f"building the kernel for {resolved}")
+            _KERNELS[resolved] = build(resolved)
+        _KERNELS[config] = _KERNELS[resolved]
     return _KERNELS[config]
+
+
+@functools.cache
+def _config(*fields) -> Config:
+    """The op's configuration from its arguments, checked once a process."""
+    return Config(*fields)
 
 
 def launch(tensors: Mapping[str, object], out: torch.Tensor, scratch: torch.Tensor,
@@ -82,7 +90,7 @@ def attention_back(
 ) -> None:
     """The launch as torch sees it: writes `out` and the layer's `scratch`."""
     given = locals()
-    config = Config(geometry, tp, q.shape[0], ratio, arch, swa_fp8, comp_fp8)
+    config = _config(geometry, tp, q.shape[0], ratio, arch, swa_fp8, comp_fp8)
     launch({name: given[name] for name in LAUNCH_ARGS}, out, scratch, config, qk_scale)
 
 
