@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 JOBS   ?= 2
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install demo test test-fast test-kernel lint bench clean
 
 install: $(STAMP)
 
@@ -25,8 +25,13 @@ demo: install
 test: install
 	$(PY) -m pytest -n $(JOBS) --durations=15
 
+# Tiers (markers in pyproject.toml): units and the emulator's small unit kernels;
+# the K2 kernel's end-to-end runs short of the big geometries; `test` runs all (CI).
 test-fast: install
-	$(PY) -m pytest -n $(JOBS) -m "not slow"
+	$(PY) -m pytest -n $(JOBS) -m "not slow and not kernel"
+
+test-kernel: install
+	$(PY) -m pytest -n $(JOBS) -m "kernel and not slow"
 
 lint: install
 	$(VENV)/bin/ruff check k2back tests benchmarks

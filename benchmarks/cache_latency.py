@@ -18,12 +18,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import astuple
 
 import torch
 
 from k2back import ops
 from k2back.api import AttentionBack
-from k2back.formats import resolve_key_fp8
+from k2back.config import Config
 from k2back.runtime import launch
 from k2back.testing import make_inputs
 from k2back.validate import validate_launch
@@ -39,10 +40,11 @@ def median_us(fn, repeats: int) -> float:
     return 1e6 * statistics.median(times)
 
 
-def fresh_process_us(config: tuple, repeats: int) -> float:
+def fresh_process_us(config: Config, repeats: int) -> float:
     """A new interpreter: import k2back.ops, then the kernel from the disk cache."""
-    probe = ("import time; from k2back import ops; t = time.perf_counter(); "
-             f"ops.kernel_for(*{config!r}); print(time.perf_counter() - t)")
+    probe = ("import time; from k2back import ops; from k2back.config import Config; "
+             f"t = time.perf_counter(); ops.kernel_for(Config(*{astuple(config)!r})); "
+             "print(time.perf_counter() - t)")
     runs = [float(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                                  check=True).stdout) for _ in range(repeats)]
     return 1e6 * statistics.median(runs)
@@ -56,7 +58,7 @@ class StubBackend:
     def new_scratch(self, spec, device):
         return launch.new_scratch(spec, device)
 
-    def run(self, kernel, spec, tensors, scratch, qk_scale=None):
+    def run(self, kernel, spec, tensors, scratch, qk_scale=None, **options):
         return None
 
 
@@ -69,11 +71,11 @@ def main() -> None:
     parser.add_argument("--arch", default="gfx942")
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args()
-    config = (args.geometry, args.tp, args.tokens, args.ratio, args.arch, *resolve_key_fp8(args.arch))
+    config = Config(args.geometry, args.tp, args.tokens, args.ratio, args.arch).resolved()
 
     os.environ.setdefault("K2BACK_CACHE_DIR", tempfile.mkdtemp(prefix="k2back-bench-"))
     start = time.perf_counter()
-    spec, kernel = ops.kernel_for(*config)
+    spec, kernel = ops.kernel_for(config)
     cold = time.perf_counter() - start
     inputs = make_inputs(args.geometry, args.tp, args.tokens, args.ratio, seed=0, arch=args.arch)
     layer = AttentionBack(args.geometry, tp=args.tp, ratio=args.ratio, arch=args.arch,
@@ -88,7 +90,7 @@ def main() -> None:
     rows = [
         (f"build, empty cache ({'cold' if not kernel.cache_hit else 'hit'})", 1e6 * cold),
         ("fresh process: import + kernel from disk cache", fresh_process_us(config, 3)),
-        ("kernel lookup, in process", median_us(lambda: ops.kernel_for(*config), args.repeats)),
+        ("kernel lookup, in process", median_us(lambda: ops.kernel_for(config), args.repeats)),
         ("validate_launch, shapes/dtypes/strides", median_us(
             lambda: validate_launch(rank, args.ratio, inputs, check_values=False), args.repeats)),
         ("validate_launch, + CPU value checks", median_us(

@@ -14,12 +14,13 @@ window cache on gfx942).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from k2back import model, ops
-from k2back.codegen.llvm import ARCHS, parse_arch
-from k2back.codegen.plan import MAX_TOKENS, RATIOS
-from k2back.formats import check_fp8, resolve_key_fp8
+from k2back.codegen.llvm import ARCHS
+from k2back.config import LAUNCH_ARGS, MAX_TOKENS, Config
 from k2back.runtime import hip
 from k2back.validate import validate_launch
 
@@ -28,28 +29,30 @@ BACKEND_CHOICES = ("auto", *ops.BACKENDS)
 
 class AttentionBack:
     def __init__(self, geometry: str = model.DEFAULT_GEOMETRY, *, tp: int, ratio: int,
-                 arch: str = "auto", max_tokens: int = 64, backend: str = "auto",
+                 arch: str = "auto", max_tokens: int = MAX_TOKENS, backend: str = "auto",
                  swa_fp8: str = "auto", comp_fp8: str = "auto"):
-        self.geometry = model.geometry(geometry)
-        self.rank = self.geometry.rank(tp)
         if backend not in BACKEND_CHOICES:
             raise ValueError(f"backend: expected one of {BACKEND_CHOICES}, got {backend!r}")
         if backend == "hip":
             hip.require_runtime()
-        if ratio not in RATIOS:
-            raise ValueError(f"ratio: expected one of {RATIOS}, got {ratio!r}")
-        if not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_TOKENS:
-            raise ValueError(f"max_tokens: expected an int in 1..{MAX_TOKENS}, got {max_tokens!r}")
-        self.swa_fp8, self.comp_fp8 = check_fp8("swa_fp8", swa_fp8), check_fp8("comp_fp8", comp_fp8)
-        if arch != "auto":  # a clear error now rather than at the first call
-            resolve_key_fp8(parse_arch(arch).arch, swa_fp8, comp_fp8)
-        elif backend == "emu":
+        if arch == "auto" and backend == "emu":
             raise ValueError(f"arch='auto' reads a GPU's gcnArchName; the emu backend has none: "
                              f"pass arch= one of {ARCHS}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not (
+                1 <= max_tokens <= MAX_TOKENS):
+            raise ValueError(f"max_tokens: expected an int in 1..{MAX_TOKENS}, got {max_tokens!r}")
+        # the layer's largest kernel, checked now on every arch it may meet (a
+        # clear error here rather than at the first call); a call sets tokens and arch
+        for checked in ARCHS if arch == "auto" else (arch,):
+            self._layer = Config(geometry, tp, max_tokens, ratio, checked, swa_fp8, comp_fp8)
+        self.geometry = model.geometry(geometry)
+        self.rank = self.geometry.rank(tp)
         self.ratio = ratio
         self.arch = arch
         self.max_tokens = max_tokens
         self.backend = backend
+        self.swa_fp8, self.comp_fp8 = swa_fp8, comp_fp8
+        self._configs: dict[tuple, Config] = {}  # (tokens, device) -> a launch's Config
         self._scratch: dict[tuple, torch.Tensor] = {}  # (kernel name, device) -> scratch
 
     def __repr__(self) -> str:
@@ -64,18 +67,25 @@ class AttentionBack:
                              f"{chosen.name!r} backend")
         return chosen
 
-    def _arch(self, device: torch.device) -> str:
-        if self.arch != "auto":
-            return self.arch
-        if device.type != "cuda":
-            raise ValueError(f"arch='auto' reads a GPU's gcnArchName, but the tensors are on "
-                             f"{device}: pass arch= one of {ARCHS} for the emulator")
-        return hip.device_arch(device)
+    def config(self, tokens: int, device: torch.device) -> Config:
+        """The configuration of a launch of `tokens` tokens on `device`, its key
+        formats resolved (checked once a layer, tokens and device)."""
+        key = (tokens, device)
+        if key not in self._configs:
+            if self.arch != "auto":
+                arch = self.arch
+            elif device.type != "cuda":
+                raise ValueError(f"arch='auto' reads a GPU's gcnArchName, but the tensors are "
+                                 f"on {device}: pass arch= one of {ARCHS} for the emulator")
+            else:
+                arch = hip.device_arch(device)
+            self._configs[key] = replace(self._layer, tokens=tokens, arch=arch).resolved()
+        return self._configs[key]
 
     def key_formats(self, arch: str) -> tuple[str, str]:
         """The byte formats (swa_cache, comp_cache) this layer reads on
         `arch` (a target ID): "auto" is what vLLM writes there."""
-        return resolve_key_fp8(parse_arch(arch).arch, self.swa_fp8, self.comp_fp8)
+        return replace(self._layer, arch=arch).key_formats()
 
     def _scratch_for(self, backend, spec, device: torch.device) -> torch.Tensor:
         key = (spec.name, device)
@@ -90,28 +100,27 @@ class AttentionBack:
         comp_fp8, when given, say which fp8 the caches hold (make_inputs
         returns them): a mismatch with the layer's formats is an error, as the
         kernel would read every key a factor of 2 off."""
-        tensors = {"q": q, "key_table": key_table, "key_len": key_len, "positions": positions,
-                   "swa_cache": swa_cache, "swa_block": swa_block, "comp_cache": comp_cache,
-                   "comp_block": comp_block, "cos_sin": cos_sin, "sink": sink, "wo_a": wo_a,
-                   "wo_a_scale": wo_a_scale, "wo_b": wo_b, "wo_b_scale": wo_b_scale}
+        given = locals()
+        tensors = {name: given[name] for name in LAUNCH_ARGS}
         validate_launch(self.rank, self.ratio, {**tensors, "qk_scale": qk_scale},
                         max_tokens=self.max_tokens, out=out)
         device = q.device
-        backend, arch = self._backend(device), self._arch(device)
-        formats = self.key_formats(arch)
-        for name, given, reads in zip(("swa_fp8", "comp_fp8"), (swa_fp8, comp_fp8), formats):
-            if given is not None and given != reads:
-                raise ValueError(f"{name}: the layer reads {reads} bytes on {arch}, the call "
-                                 f"says the cache holds {given!r}: build the layer with "
-                                 f"{name}={given!r}")
-        spec, _ = ops.kernel_for(self.geometry.name, self.rank.tp, q.shape[0], self.ratio, arch,
-                                 *formats)
+        backend = self._backend(device)
+        config = self.config(q.shape[0], device)
+        for name, given_format in (("swa_fp8", swa_fp8), ("comp_fp8", comp_fp8)):
+            reads = getattr(config, name)
+            if given_format is not None and given_format != reads:
+                raise ValueError(f"{name}: the layer reads {reads} bytes on {config.arch}, the "
+                                 f"call says the cache holds {given_format!r}: build the layer "
+                                 f"with {name}={given_format!r}")
+        spec, _ = ops.kernel_for(config)
         scratch = self._scratch_for(backend, spec, device)
         if out is None:
             out = torch.empty((q.shape[0], self.geometry.hidden), dtype=torch.bfloat16,
                               device=device)
         torch.ops.k2back.attention_back(**tensors, out=out, scratch=scratch,
-                                        geometry=self.geometry.name, tp=self.rank.tp,
-                                        ratio=self.ratio, arch=arch, swa_fp8=formats[0],
-                                        comp_fp8=formats[1], qk_scale=qk_scale)
+                                        geometry=config.geometry, tp=config.tp,
+                                        ratio=config.ratio, arch=config.arch,
+                                        swa_fp8=config.swa_fp8, comp_fp8=config.comp_fp8,
+                                        qk_scale=qk_scale)
         return out

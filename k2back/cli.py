@@ -12,31 +12,18 @@ import logging
 import multiprocessing
 import os
 import sys
+import traceback
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
-from dataclasses import astuple, dataclass
 from pathlib import Path
 
 from k2back import knobs, model
+from k2back.codegen.targets import ARCHS
+from k2back.config import RATIOS, Config
 from k2back.formats import FP8_CHOICES
 
 log = logging.getLogger("k2back")
 
 LOG_LEVELS = ("ERROR", "WARNING", "INFO", "DEBUG")
-
-
-@dataclass(frozen=True)
-class Config:
-    geometry: str
-    tp: int
-    tokens: int
-    ratio: int
-    arch: str
-    swa_fp8: str
-    comp_fp8: str
-
-    def __str__(self) -> str:
-        return (f"{self.geometry} tp={self.tp} tokens={self.tokens} ratio={self.ratio} "
-                f"arch={self.arch} swa_fp8={self.swa_fp8} comp_fp8={self.comp_fp8}")
 
 
 def int_list(text: str) -> list[int]:
@@ -65,12 +52,18 @@ def name_list(text: str) -> list[str]:
     return [part for part in text.split(",") if part]
 
 
-def fp8_list(text: str) -> list[str]:
-    names = name_list(text)
-    if not names or any(n not in FP8_CHOICES for n in names):
-        raise argparse.ArgumentTypeError(f"expected {', '.join(FP8_CHOICES)} or a comma list, "
-                                         f"got {text!r}")
-    return names
+def choice_list(choices: tuple[str, ...]):
+    """The parser of a comma list of `choices`."""
+    def parse(text: str) -> list[str]:
+        names = name_list(text)
+        if not names or any(n not in choices for n in names):
+            raise argparse.ArgumentTypeError(f"expected {', '.join(choices)} or a comma list, "
+                                             f"got {text!r}")
+        return names
+    return parse
+
+
+fp8_list = choice_list(FP8_CHOICES)
 
 
 # Config field -> (parser of its flag's text, default, help); the flag is --field-name
@@ -78,7 +71,7 @@ CONFIG_FLAGS = {
     "geometry": (name_list, model.DEFAULT_GEOMETRY, f"one of {sorted(model.GEOMETRIES)}"),
     "arch": (name_list, None, "gfx942, gfx950 (with optional target-ID features)"),
     "tp": (int_list, None, f"tensor-parallel degree, of {model.TP_DEGREES}"),
-    "ratio": (int_list, None, "KV compression ratio: 0 = window-only layer, 1, 2"),
+    "ratio": (int_list, None, f"KV compression ratio, of {RATIOS} (0: a window-only layer)"),
     "tokens": (int_list, None, "tokens S of a launch: 5, 1-48 or 1,2,4"),
     "swa_fp8": (fp8_list, "auto", ("byte format of swa_cache: e4m3fn (OCP), e4m3fnuz, or auto "
                                    "(what vLLM writes on the arch: FNUZ on gfx942)")),
@@ -98,9 +91,23 @@ def add_config_flags(parser: argparse.ArgumentParser, lists: bool) -> None:
                            default=None if default is None else parse(default), help=doc)
 
 
-def configs(args) -> list[Config]:
+def configs(parser: argparse.ArgumentParser, args) -> list[Config]:
+    """Every combination of the flags' lists, each checked as a Config and
+    planned (a fraction of a millisecond; it refuses what the target cannot
+    hold): a bad value ends the command before anything is built, as argparse
+    does (usage, the error, exit 2)."""
+    from k2back.codegen.plan import plan
+
     lists = {field: getattr(args, field) for field in CONFIG_FLAGS}
-    return [Config(**dict(zip(lists, values))) for values in itertools.product(*lists.values())]
+    todo = []
+    for values in itertools.product(*lists.values()):
+        try:
+            config = Config(**dict(zip(lists, values)))
+            plan(config)
+        except ValueError as e:
+            refuse(parser, args, e)
+        todo.append(config)
+    return todo
 
 
 def one_config(parser: argparse.ArgumentParser, args) -> Config:
@@ -108,7 +115,14 @@ def one_config(parser: argparse.ArgumentParser, args) -> Config:
         if len(getattr(args, field)) != 1:
             parser.error(f"{flag(field)}: `{args.command}` takes one configuration, "
                          f"got {getattr(args, field)}")
-    return configs(args)[0]
+    return configs(parser, args)[0]
+
+
+def refuse(parser: argparse.ArgumentParser, args, error: Exception):
+    """Exit 2 with `error` as argparse reports a bad value; its traceback with -v."""
+    if args.verbose:
+        traceback.print_exception(error, file=sys.stderr)
+    parser.error(str(error))
 
 
 def table(rows: list[tuple], header: tuple) -> str:
@@ -128,7 +142,7 @@ def build(config: Config) -> tuple[Config, str, str]:
     from k2back import ops
 
     try:
-        _, kernel = ops.build(*astuple(config))
+        _, kernel = ops.build(config)
     except Exception as e:  # noqa: BLE001 -- a failed build is a row of the report, not the end
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return config, "failed", f"{type(e).__name__}: {first_line}"
@@ -147,7 +161,7 @@ def builders(jobs: int, verbosity: int):
 def cmd_warmup(parser, args) -> int:
     from tqdm import tqdm
 
-    todo = configs(args)
+    todo = configs(parser, args)
     with builders(min(args.jobs, len(todo)), args.verbose) as pool:
         futures = [pool.submit(build, c) for c in todo]
         for _ in tqdm(as_completed(futures), total=len(todo), desc="k2back warmup",
@@ -166,9 +180,9 @@ def cmd_warmup(parser, args) -> int:
 
 def cmd_plan(parser, args) -> int:
     config = one_config(parser, args)
-    from k2back import ops
+    from k2back.codegen.plan import plan
 
-    print(ops.plan_for(*astuple(config)).describe())
+    print(plan(config).describe())
     return 0
 
 
@@ -190,7 +204,7 @@ def cmd_dump(parser, args) -> int:
     config = one_config(parser, args)
     from k2back import ops
 
-    spec, kernel = ops.build(*astuple(config))
+    spec, kernel = ops.build(config)
     sections = dump_sections(spec, kernel)
     if args.out is None:
         for name, text in sections.items():
@@ -204,15 +218,6 @@ def cmd_dump(parser, args) -> int:
 
 
 # ---- verify -------------------------------------------------------------------------------
-
-# what verify compares -> its tensors (fp8 hand-offs are (bytes, codes) scratch regions)
-VERIFIED = {"out": ("out",), "xo": ("xo", "xo_codes"), "x8b": ("x8b", "x8b_codes")}
-
-
-def scratch_region(spec, scratch, name: str):
-    region = spec.region(name)
-    return scratch[region.offset:region.offset + region.bytes].view(spec.tokens, -1)
-
 
 def stats_report(stats) -> str:
     """The emulator's counters: instructions by class, global bytes per buffer, LDS, sync."""
@@ -230,42 +235,28 @@ def stats_report(stats) -> str:
 
 def cmd_verify(parser, args) -> int:
     """The configuration's kernel in the emulator on make_inputs(seed) against
-    the reference of record; exit 1 on any metric outside its tolerance."""
+    the reference of record (testing.verify); exit 1 on any metric outside
+    its tolerance."""
     config = one_config(parser, args)
-    import torch
-
-    from k2back import ops
     from k2back.codegen.metadata import resource_report
-    from k2back.reference import attention_back
-    from k2back.runtime.emu import EmuBackend
-    from k2back.runtime.launch import new_scratch
-    from k2back.testing import compare, make_inputs
+    from k2back.testing import CHECKED, reference_of, verify
 
-    spec, kernel = ops.build(*astuple(config))
-    inputs = make_inputs(config.geometry, config.tp, config.tokens, config.ratio, args.seed,
-                         arch=spec.arch, swa_fp8=spec.swa_fp8, comp_fp8=spec.comp_fp8)
-    want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
-    if args.perturb:  # a reference that differs from any correct kernel
-        want["out"] = want["out"] * 1.25
-    out = torch.empty(config.tokens, spec.hidden, dtype=torch.bfloat16)
-    scratch = new_scratch(spec, "cpu")
-    stats = EmuBackend().run(kernel, spec, {**inputs, "out": out}, scratch, inputs["qk_scale"])
-    got = {"out": out, **{part: scratch_region(spec, scratch, part)
-                          for parts in VERIFIED.values() for part in parts if part != "out"}}
-    print(f"{config}: {spec.name}, seed {args.seed}")
-    failures = 0
-    for name, parts in VERIFIED.items():
-        try:
-            metrics = compare(name, *(tuple(d[p] for p in parts) for d in (got, want)))
-        except AssertionError as e:
-            failures += 1
-            print(f"  {name}: MISMATCH {e}")
+    def perturbed(spec, inputs):  # a reference that differs from any correct kernel
+        want = reference_of(spec, inputs)
+        return {**want, "out": want["out"] * 1.25}
+
+    result = verify(config, seed=args.seed, reference=perturbed if args.perturb else reference_of)
+    print(f"{config}: {result.spec.name}, seed {args.seed}")
+    for name in CHECKED:
+        if name in result.failures:
+            print(f"  {name}: MISMATCH {result.failures[name]}")
         else:
             print(f"  {name}: ok " + ", ".join(
-                f"{k} {v}" if isinstance(v, int) else f"{k} {v:.3g}" for k, v in metrics.items()))
-    print(stats_report(stats))
-    print(resource_report(kernel.metadata))
-    return 1 if failures else 0
+                f"{k} {v}" if isinstance(v, int) else f"{k} {v:.3g}"
+                for k, v in result.metrics[name].items()))
+    print(stats_report(result.stats))
+    print(resource_report(result.kernel.metadata))
+    return 1 if result.failures else 0
 
 
 # ---- doctor / cache -----------------------------------------------------------------------
@@ -298,7 +289,6 @@ def cmd_cache(parser, args) -> int:
 def cmd_selftest(parser, args) -> int:
     """Unit kernels and the K2 kernel on the GPU and in the emulator (k2back.selftest)."""
     from k2back import selftest
-    from k2back.codegen.llvm import ARCHS
 
     if args.emulator_only:
         gpu, reason, arch = None, "--emulator-only", None
@@ -346,7 +336,7 @@ def parser() -> argparse.ArgumentParser:
     sub.choices["verify"].add_argument("--perturb", action="store_true",
                                        help=argparse.SUPPRESS)  # test-only: must then fail
     sub.choices["cache"].add_argument("action", choices=("ls", "size", "clear"))
-    sub.choices["selftest"].add_argument("--arch", type=name_list, default=None,
+    sub.choices["selftest"].add_argument("--arch", type=choice_list(ARCHS), default=None,
                                          help="the emulator half's archs (default: all)")
     sub.choices["selftest"].add_argument("--emulator-only", action="store_true",
                                          help="skip the GPU even if there is one")

@@ -15,10 +15,9 @@ from collections.abc import Mapping
 import torch
 
 from k2back.codegen.compiler import compile as compile_source
-from k2back.codegen.llvm import parse_arch
 from k2back.codegen.plan import plan
 from k2back.codegen.render import KernelSource
-from k2back.formats import resolve_key_fp8
+from k2back.config import LAUNCH_ARGS, Config
 from k2back.runtime.emu import EmuBackend
 from k2back.runtime.hip import HipBackend, refuse_during_capture
 
@@ -26,8 +25,8 @@ from k2back.runtime.hip import HipBackend, refuse_during_capture
 BACKENDS = {"emu": EmuBackend, "hip": HipBackend}
 DEVICE_BACKENDS = {"cpu": "emu", "cuda": "hip"}
 
-# (geometry, tp, tokens, ratio, arch, swa_fp8, comp_fp8) -> (spec, kernel)
-_KERNELS: dict[tuple, tuple] = {}
+# Config (as given and with its key formats resolved) -> (spec, kernel)
+_KERNELS: dict[Config, tuple] = {}
 
 
 @functools.cache
@@ -46,43 +45,37 @@ def backend_for(device: torch.device):
         ) from None
 
 
-def plan_for(geometry: str, tp: int, tokens: int, ratio: int, arch: str,
-             swa_fp8: str = "auto", comp_fp8: str = "auto"):
-    """The spec of one configuration; `arch` may carry target-ID features
-    (gfx942:sramecc+:xnack-), which change the build, not the plan; the key
-    formats "auto" resolve to what vLLM writes on the arch."""
-    return plan(geometry, tp, tokens, ratio, parse_arch(arch).arch, swa_fp8, comp_fp8)
+def build(config: Config, stages=None):
+    """(spec, compiled kernel) of one configuration, from the disk cache when
+    warm; `stages` a subset of the four (stage-level tests). The arch's
+    target-ID features change the build and its key, not the plan."""
+    spec = plan(config)
+    return spec, compile_source(KernelSource(spec, stages, target=config.arch))
 
 
-def build(geometry: str, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str = "auto",
-          comp_fp8: str = "auto"):
-    """(spec, compiled kernel) of one configuration, from the disk cache when warm."""
-    spec = plan_for(geometry, tp, tokens, ratio, arch, swa_fp8, comp_fp8)
-    source = KernelSource(spec)
-    source.arch = arch  # the target ID: its features change the build and its key, not the IR
-    return spec, compile_source(source)
-
-
-def kernel_for(geometry: str, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str = "auto",
-               comp_fp8: str = "auto"):
+def kernel_for(config: Config):
     """`build`, once a process: what every launch goes through ("auto"
     formats resolved first: one kernel however they are named)."""
-    swa_fp8, comp_fp8 = resolve_key_fp8(parse_arch(arch).arch, swa_fp8, comp_fp8)
-    key = (geometry, tp, tokens, ratio, arch, swa_fp8, comp_fp8)
-    if key not in _KERNELS:
-        refuse_during_capture(f"building the kernel for geometry {geometry} tp {tp} "
-                              f"tokens {tokens} ratio {ratio} arch {arch} swa_fp8 {swa_fp8} "
-                              f"comp_fp8 {comp_fp8}")
-        _KERNELS[key] = build(*key)
-    return _KERNELS[key]
+    if config not in _KERNELS:
+        resolved = config.resolved()
+        if resolved not in _KERNELS:
+            refuse_during_capture(f"building the kernel for {resolved}")
+            _KERNELS[resolved] = build(resolved)
+        _KERNELS[config] = _KERNELS[resolved]
+    return _KERNELS[config]
 
 
-def launch(tensors: Mapping[str, object], out: torch.Tensor, scratch: torch.Tensor, *,
-           geometry: str, tp: int, ratio: int, arch: str, swa_fp8: str, comp_fp8: str,
-           qk_scale: float | None = None):
+@functools.cache
+def _config(*fields) -> Config:
+    """The op's configuration from its arguments, checked once a process."""
+    return Config(*fields)
+
+
+def launch(tensors: Mapping[str, object], out: torch.Tensor, scratch: torch.Tensor,
+           config: Config, qk_scale: float | None = None):
     """One launch on the backend of the tensors' device; the emulator's
     counters on the emu backend, None on HIP."""
-    spec, kernel = kernel_for(geometry, tp, tensors["q"].shape[0], ratio, arch, swa_fp8, comp_fp8)
+    spec, kernel = kernel_for(config)
     return backend_for(out.device).run(kernel, spec, {**tensors, "out": out}, scratch, qk_scale)
 
 
@@ -96,12 +89,9 @@ def attention_back(
     qk_scale: float | None = None,
 ) -> None:
     """The launch as torch sees it: writes `out` and the layer's `scratch`."""
-    tensors = {"q": q, "key_table": key_table, "key_len": key_len, "positions": positions,
-               "swa_cache": swa_cache, "swa_block": swa_block, "comp_cache": comp_cache,
-               "comp_block": comp_block, "cos_sin": cos_sin, "sink": sink, "wo_a": wo_a,
-               "wo_a_scale": wo_a_scale, "wo_b": wo_b, "wo_b_scale": wo_b_scale}
-    launch(tensors, out, scratch, geometry=geometry, tp=tp, ratio=ratio, arch=arch,
-           swa_fp8=swa_fp8, comp_fp8=comp_fp8, qk_scale=qk_scale)
+    given = locals()
+    config = _config(geometry, tp, q.shape[0], ratio, arch, swa_fp8, comp_fp8)
+    launch({name: given[name] for name in LAUNCH_ARGS}, out, scratch, config, qk_scale)
 
 
 # Registered as vLLM's direct_register_custom_op does: the schema inferred from
@@ -116,8 +106,6 @@ for _key in ("CPU", "CUDA"):  # emu on CPU tensors; hip on ROCm tensors (torch's
 
 
 @torch.library.register_fake("k2back::attention_back")
-def _(q, key_table, key_len, positions, swa_cache, swa_block, comp_cache, comp_block, cos_sin,
-      sink, wo_a, wo_a_scale, wo_b, wo_b_scale, out, scratch, geometry, tp, ratio, arch,
-      swa_fp8, comp_fp8, qk_scale=None) -> None:
+def _(*args, **kwargs) -> None:
     # writes only its mutated arguments: nothing to allocate, nothing to return
     return None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from k2back import formats as F
+from k2back.config import LAUNCH_ARGS
 from k2back.model import HEAD_DIM, ROPE_DIM, RankShape
 from k2back.runtime.launch import byte_extent
 
@@ -55,7 +56,7 @@ RULES: dict[str, TensorRule] = {
     "wo_b_scale": TensorRule((torch.uint8,), _rank_shape("wo_b_scale_shape")),
 }
 BLOCK_ARGS = {"swa_block": "swa_cache", "comp_block": "comp_cache"}
-REQUIRED = (*RULES, *BLOCK_ARGS)
+assert set(LAUNCH_ARGS) == {*RULES, *BLOCK_ARGS}, "a rule for every launch argument"
 
 
 def _fail(kind, name: str, expected: str, given) -> None:
@@ -139,9 +140,9 @@ def validate_launch(rank: RankShape, ratio: int, args: dict, *, max_tokens: int 
     """Check one launch's arguments (keyed by attention_back's names; `qk_scale`
     optional) for `rank` and `ratio` (0 = window-only: comp_cache None).
     check_values: None = only when q is on the CPU (see the module doc)."""
-    missing = [n for n in REQUIRED if n not in args]
+    missing = [n for n in LAUNCH_ARGS if n not in args]
     if missing:
-        _fail(TypeError, "args", f"every launch argument {REQUIRED}", f"none for {missing}")
+        _fail(TypeError, "args", f"every launch argument {LAUNCH_ARGS}", f"none for {missing}")
     q = args["q"]
     if not isinstance(q, torch.Tensor) or q.dim() < 1:
         _fail(TypeError, "q", "a bf16 tensor [S, H, 512]", type(q).__name__)

@@ -59,7 +59,7 @@ import torch
 
 from k2back import formats as F
 from k2back import model
-from k2back.codegen.plan import RATIOS
+from k2back.config import RATIOS
 from k2back.validate import RULES, TensorRule, _check_block, _check_tensor, _fail
 
 # vLLM's decode metadata, by the names of `key_table`'s arguments ("S" = the

@@ -6,12 +6,16 @@ reference of record."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
 import k2back
 from k2back import ops
 from k2back.api import AttentionBack
+from k2back.codegen.plan import plan
+from k2back.config import LAUNCH_ARGS, Config
 from k2back.model import geometry
 from k2back.reference import attention_back
 from k2back.runtime import hip
@@ -163,7 +167,17 @@ def test_no_build_while_capturing(monkeypatch):
     with pytest.raises(hip.CaptureError, match="capturing"):
         lay(**inputs, out=out)
     assert torch.all(out == SENTINEL)
-    assert not any(key[:3] == (GEOMETRY, 2, 5) for key in ops._KERNELS)
+    assert not any((c.geometry, c.tp, c.tokens) == (GEOMETRY, 2, 5) for c in ops._KERNELS)
+
+
+def test_one_list_of_launch_arguments(inputs):
+    """The layer's call, the op's schema and make_inputs take the arguments
+    of LAUNCH_ARGS, in its order."""
+    call_args = tuple(inspect.signature(AttentionBack.__call__).parameters)[1:]
+    schema_args = tuple(a.name for a in torch.ops.k2back.attention_back.default._schema.arguments)
+    assert call_args[:len(LAUNCH_ARGS)] == LAUNCH_ARGS
+    assert schema_args[:len(LAUNCH_ARGS)] == LAUNCH_ARGS
+    assert tuple(inputs)[:len(LAUNCH_ARGS)] == LAUNCH_ARGS
 
 
 def test_exported_from_the_package():
@@ -192,10 +206,11 @@ def on(device: str, inputs: dict) -> dict:
 
 
 def reference_out(inputs, tokens):
-    spec = ops.plan_for(GEOMETRY, TP, tokens, RATIO, ARCH)  # CK is the same on every arch
+    spec = plan(GEOMETRY, TP, tokens, RATIO, ARCH)  # CK is the same on every arch
     return attention_back(**inputs, chunk_keys=spec.attention.chunk_keys)
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("backend", PLACES)
 def test_one_layer_many_calls(backend):
     """One layer object: token counts 3, 1, 3 (kernel per S built once), fresh
@@ -209,6 +224,7 @@ def test_one_layer_many_calls(backend):
     assert len(layer._scratch) == 2  # one scratch a kernel, kept across calls
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("backend", PLACES)
 def test_out_given_and_qk_scale(backend):
     device, arch = PLACES[backend]
@@ -220,6 +236,7 @@ def test_out_given_and_qk_scale(backend):
 
 
 if "hip" in PLACES:
+    @pytest.mark.kernel
     def test_graph_capture_replays_the_layer():
         """Warm up outside capture, capture one call, replay it with new values
         copied into the captured buffers: each replay correct (the epoch
@@ -242,9 +259,11 @@ if "hip" in PLACES:
             compare("out", out.cpu(), reference_out(inputs, 2))
 
 
+@pytest.mark.kernel
 def test_opcheck(cache_dir):
     inputs = make_inputs(GEOMETRY, TP, 1, RATIO, seed=6, arch=ARCH)
-    spec, _ = ops.kernel_for(GEOMETRY, TP, 1, RATIO, ARCH, inputs["swa_fp8"], inputs["comp_fp8"])
+    spec, _ = ops.kernel_for(Config(GEOMETRY, TP, 1, RATIO, ARCH, inputs["swa_fp8"],
+                                    inputs["comp_fp8"]))
     kwargs = {"out": torch.empty(1, 256, dtype=torch.bfloat16),
                   "scratch": torch.zeros(spec.scratch_bytes, dtype=torch.uint8),
                   "geometry": GEOMETRY, "tp": TP, "ratio": RATIO, "arch": ARCH}
@@ -256,17 +275,19 @@ def test_opcheck(cache_dir):
                           {**inputs, **fp8_as_bytes, **kwargs})
 
 
+@pytest.mark.kernel
 def test_kernel_for_resolves_auto_once():
     """"auto" and the formats it stands for are one kernel of the process."""
-    named = ops.kernel_for(GEOMETRY, 8, 1, 0, ARCH, "e4m3fnuz", "e4m3fn")
-    assert ops.kernel_for(GEOMETRY, 8, 1, 0, ARCH) is named
+    named = ops.kernel_for(Config(GEOMETRY, 8, 1, 0, ARCH, "e4m3fnuz", "e4m3fn"))
+    assert ops.kernel_for(Config(GEOMETRY, 8, 1, 0, ARCH)) is named
 
 
+@pytest.mark.kernel
 def test_target_id_features_reach_the_code_object():
     """arch with target-ID features (a device's gcnArchName): the same plan, a
     code object built for those features, its own cache entry."""
-    plain = ops.build(GEOMETRY, 8, 1, 0, "gfx942")
-    pinned = ops.build(GEOMETRY, 8, 1, 0, "gfx942:sramecc+:xnack-")
+    plain = ops.build(Config(GEOMETRY, 8, 1, 0, "gfx942"))
+    pinned = ops.build(Config(GEOMETRY, 8, 1, 0, "gfx942:sramecc+:xnack-"))
     assert plain[0] == pinned[0]  # the plan does not depend on the features
     assert plain[1].metadata.target == "gfx942"
     assert pinned[1].metadata.target == "gfx942:sramecc+:xnack-"

@@ -64,8 +64,8 @@ def test_cache_ls_size_clear(tmp_path, monkeypatch):
 TINY = ("--geometry", "tiny", "--tp", "4", "--ratio", "2")
 
 
-def warmup(cache_dir, *config, jobs=1):
-    return k2back("warmup", "--jobs", str(jobs), "--quiet", *config, cache_dir=cache_dir)
+def warmup(cache_dir, *config, jobs=1, **env):
+    return k2back("warmup", "--jobs", str(jobs), "--quiet", *config, cache_dir=cache_dir, **env)
 
 
 def summary(stdout: str) -> dict[str, int]:
@@ -73,6 +73,7 @@ def summary(stdout: str) -> dict[str, int]:
     return {word: int(n) for n, word in re.findall(r"(\d+) (built|cached|failed)", stdout)}
 
 
+@pytest.mark.kernel
 def test_warmup_twice_second_all_hits(tmp_path):
     config = (*TINY, "--arch", "gfx942,gfx950", "--tokens", "1,3")
     first = warmup(tmp_path, *config, jobs=2)  # worker processes, then this process
@@ -84,6 +85,7 @@ def test_warmup_twice_second_all_hits(tmp_path):
     assert "k2_back_tiny_tp4_s3_r2_gfx950_swaocp_compocp" in second.stdout
 
 
+@pytest.mark.kernel
 def test_warmup_key_format_lists(tmp_path):
     """--swa-fp8 / --comp-fp8 take comma lists: a kernel a format pair ("auto"
     on gfx942 is e4m3fnuz for the window: that pair's kernel, named so)."""
@@ -103,15 +105,87 @@ def test_bad_key_format_is_rejected(tmp_path):
     assert done.returncode == 2 and "--swa-fp8" in done.stderr and "e4m3fnuz" in done.stderr
 
 
+@pytest.mark.kernel
 def test_warmup_reports_failures_and_exits_nonzero(tmp_path):
-    # TP 8 does not divide tiny-16's 2 groups: a planner error, one row of the report
-    done = warmup(tmp_path, "--geometry", "tiny-16", "--tp", "1,8", "--ratio", "0",
-                  "--arch", "gfx942", "--tokens", "1")
-    assert done.returncode == 1
-    assert summary(done.stdout) == {"built": 1, "cached": 0, "failed": 1}
-    assert re.search(r"tp=8 .*failed .*tp", done.stdout)
+    # a linker that is not there: every build fails, each one a row of the report
+    done = warmup(tmp_path, *TINY, "--arch", "gfx942", "--tokens", "1,2",
+                  K2BACK_LLD=str(tmp_path / "no-such-ld.lld"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert summary(done.stdout) == {"built": 0, "cached": 0, "failed": 2}
+    assert re.search(r"tokens=2 .*failed .*K2BACK_LLD", done.stdout)
 
 
+# ---- bad values: usage, one error line, exit 2, no traceback (-v shows it) --------------
+
+ONE = {"--geometry": "tiny", "--arch": "gfx942", "--tp": "4", "--ratio": "2", "--tokens": "3"}
+BAD = [
+    # (flag, value, the error after "k2back <command>: error: ")
+    ("--tokens", "65", "tokens: expected an int in 1..64, got 65"),
+    ("--tp", "3", "tp: expected one of (1, 2, 4, 8), got 3"),
+    ("--ratio", "3", "ratio: expected one of (0, 1, 2), got 3"),
+    ("--geometry", "v5", ("geometry: expected one of ['tiny', 'tiny-16', 'v4-pro', "
+                          "'v4.1-flash'], got 'v5'")),
+    ("--arch", "gfx90a", ("arch: expected one of ('gfx942', 'gfx950') with optional target-ID "
+                          "features, got 'gfx90a'")),
+    ("--arch", "gfx942:sramecc", ("arch 'gfx942:sramecc': expected features among ['sramecc+', "
+                                  "'sramecc-', 'xnack+', 'xnack-'], each at most once, "
+                                  "got 'sramecc'")),
+    ("--tokens", "0", "tokens: expected an int in 1..64, got 0"),
+]
+
+
+def run_cli(capsys, *argv) -> tuple[int, str]:
+    """`k2back argv` in this process: (exit status, stderr)."""
+    from k2back.cli import main
+
+    try:
+        status = main(list(argv))
+    except SystemExit as e:
+        status = e.code
+    return status, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["plan", "dump", "verify", "warmup"])
+@pytest.mark.parametrize("flag, value, error", BAD, ids=[f"{f}={v}" for f, v, _ in BAD])
+def test_bad_values_are_refused_as_argparse_does(command, flag, value, error, capsys, tmp_path,
+                                                 monkeypatch):
+    monkeypatch.setenv("K2BACK_CACHE_DIR", str(tmp_path))
+    argv = [a for f, v in {**ONE, flag: value}.items() for a in (f, v)]
+    status, err = run_cli(capsys, command, *argv)
+    assert status == 2
+    assert err.startswith(f"usage: k2back {command} ")
+    assert err.splitlines()[-1] == f"k2back {command}: error: {error}"
+    assert "Traceback" not in err
+    assert not any(tmp_path.iterdir())  # nothing built
+
+
+def test_warmup_refuses_a_bad_grid_before_building(capsys, tmp_path, monkeypatch):
+    """One bad combination in a grid (TP 8 does not divide tiny-16's 2
+    groups): the whole grid is refused, nothing built."""
+    monkeypatch.setenv("K2BACK_CACHE_DIR", str(tmp_path))
+    status, err = run_cli(capsys, "warmup", "--jobs", "1", "--quiet", "--geometry", "tiny-16",
+                          "--tp", "1,8", "--ratio", "0", "--arch", "gfx942", "--tokens", "1")
+    assert status == 2
+    assert err.splitlines()[-1] == ("k2back warmup: error: tp: 8 does not divide geometry "
+                                    "'tiny-16''s 2 groups (16 heads)")
+    assert not any(tmp_path.iterdir())
+
+
+def test_verbose_shows_the_traceback(capsys):
+    status, err = run_cli(capsys, "-v", "plan", *[a for kv in ONE.items() for a in kv][:-1], "65")
+    assert status == 2
+    assert "Traceback" in err and "k2back/config.py" in err
+    assert err.splitlines()[-1] == "k2back plan: error: tokens: expected an int in 1..64, got 65"
+
+
+def test_an_invalid_selftest_arch_is_refused(capsys):
+    status, err = run_cli(capsys, "selftest", "--emulator-only", "--arch", "gfx942,gfx90a")
+    assert status == 2 and "Traceback" not in err
+    assert err.splitlines()[-1] == ("k2back selftest: error: argument --arch: expected gfx942, "
+                                    "gfx950 or a comma list, got 'gfx942,gfx90a'")
+
+
+@pytest.mark.kernel
 def test_concurrent_warmups_and_a_truncated_entry(tmp_path):
     config = (*TINY, "--arch", "gfx942", "--tokens", "2")
     with ThreadPoolExecutor(2) as pool:
@@ -130,6 +204,7 @@ def test_concurrent_warmups_and_a_truncated_entry(tmp_path):
     assert summary(warmup(tmp_path, *config).stdout)["cached"] == 1
 
 
+@pytest.mark.kernel
 def test_dump_to_stdout_and_to_files(tmp_path):
     config = (*TINY, "--arch", "gfx950", "--tokens", "3")
     shown = k2back("dump", *config, cache_dir=tmp_path)
@@ -161,6 +236,7 @@ def test_plan_table(tmp_path):
                     cache_dir=tmp_path)
     assert "key bytes: swa_cache e4m3fn, comp_cache e4m3fn" in chosen.stdout
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("perturb, code", [((), 0), (("--perturb",), 1)])
 def test_verify(tmp_path, perturb, code):
     done = k2back("verify", *TINY, "--arch", "gfx942", "--tokens", "3", "--seed", "5", *perturb,

@@ -194,6 +194,7 @@ def test_a_loop_back_edge_carries_the_mfma_result_to_the_top(arch):
         launch(arch, SETUP + LOOP.format(read=5))
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("tp, tokens, ratio", [(1, 16, 2), (8, 1, 0), (4, 64, 1)])
 def test_llvm_output_for_the_k2_kernel_is_clean_on_every_path(arch, tp, tokens, ratio):

@@ -32,6 +32,7 @@ TESTS = Path(__file__).parent
 COVERAGE = json.loads((TESTS / "data" / "form_coverage.json").read_text())
 
 
+@pytest.mark.kernel
 @pytest.mark.slow
 @pytest.mark.parametrize("config", INVENTORY_CONFIGS, ids=lambda c: "-".join(map(str, c)))
 def test_every_form_of_the_kernel_has_a_unit_test(config):

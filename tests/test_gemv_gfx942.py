@@ -19,7 +19,9 @@ from k2back.reference import attention_back
 from k2back.runtime import launch
 from k2back.runtime.emu import EmuBackend
 from k2back.testing import GEMV_STAGES as GEMV
-from k2back.testing import asm_lines, build, check, gemv_launch, make_inputs, region
+from k2back.testing import asm_lines, build, check, gemv_launch, make_inputs
+
+pytestmark = pytest.mark.kernel  # every test here builds or runs the K2 kernel
 
 NAN_BYTES = (0x7F, 0xFF)  # e4m3fn's NaNs: weights never hold them
 
@@ -60,7 +62,7 @@ def test_gemv_wide_bytes_and_block_codes(arch, tokens):
     check(spec, scratch, out, want, ("x8b", "out"))
     if arch == "gfx942":
         # wo_b reads X8B without clearing 0x80 bytes: wo_a must never store one
-        assert not (region(spec, scratch, "x8b") == 0x80).any()
+        assert not (spec.view(scratch, "x8b") == 0x80).any()
 
 
 def tiny_rows(inputs: dict, every: int = 4) -> dict:
@@ -88,4 +90,4 @@ def test_gemv_z_rounding_to_negative_zero(negative_zero):
     out, _ = gemv_launch(spec, kernel, inputs, want, scratch, epoch=0,
                          backend=EmuBackend(fnuz_negative_zero=negative_zero))
     check(spec, scratch, out, want, ("x8b", "out"))
-    assert not (region(spec, scratch, "x8b") == 0x80).any()
+    assert not (spec.view(scratch, "x8b") == 0x80).any()

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from k2back import formats as F
+from k2back.config import LAUNCH_ARGS
 from k2back.model import geometry
 from k2back.reference import attention_back, gather_keys
 from k2back.testing import (
     BOUNDARY,
-    LAUNCH_ARGS,
     compare,
     make_inputs,
     rank_slice,
@@ -31,7 +31,7 @@ def test_shapes_dtypes_and_tables(geo, tp, ratio):
     g, tokens = geometry(geo), 6
     r = g.rank(tp)
     x = make_inputs(geo, tp, tokens, ratio, seed=tp + ratio, arch=ARCH)
-    assert set(x) == {*LAUNCH_ARGS, "swa_fp8", "comp_fp8"}
+    assert set(x) == {*LAUNCH_ARGS, "qk_scale", "swa_fp8", "comp_fp8"}
     assert (x["swa_fp8"], x["comp_fp8"]) == ("e4m3fnuz", "e4m3fn")  # vLLM on gfx942
     assert x["q"].dtype == torch.bfloat16 and x["q"].shape == (tokens, r.heads, 512)
     assert x["wo_a"].dtype == torch.float8_e4m3fn and x["wo_a"].shape == r.wo_a_shape

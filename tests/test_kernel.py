@@ -29,7 +29,7 @@ from k2back.codegen.compiler import compile as compile_source
 from k2back.codegen.plan import plan
 from k2back.codegen.render import KernelSource
 from k2back.codegen.targets import ARCHS
-from k2back.emu import Machine
+from k2back.config import Config
 from k2back.formats import VLLM_KEY_FP8
 from k2back.reference import attention_back
 from k2back.runtime import hip, launch
@@ -42,9 +42,12 @@ from k2back.testing import (
     check,
     gemv_launch,
     make_inputs,
-    region,
+    reference_of,
     run_kernel,
+    verify,
 )
+
+pytestmark = pytest.mark.kernel  # every test here builds or runs the K2 kernel
 
 GEMV = GEMV_STAGES
 
@@ -60,19 +63,10 @@ def reference(geometry: str, tp: int, tokens: int, ratio: int, seed: int, chunk_
 # --------------------------------------------------------------------------- whole kernel
 
 
-def launch_and_check(geometry, tp, tokens, ratio, arch, inputs, scratch=None, backend=None,
-                     kernel=None):
-    """The kernel reading the inputs' key formats (or `kernel`, a stand-in
-    built from the same spec), against the reference."""
-    spec, built = build(geometry, tp, tokens, ratio, arch, None, inputs["swa_fp8"],
-                        inputs["comp_fp8"])
-    kernel = built if kernel is None else kernel
-    want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
-    device = "cpu" if backend is None else "cuda"
-    scratch = launch.new_scratch(spec, device) if scratch is None else scratch
-    out, stats = run_kernel(spec, kernel, inputs, scratch, backend)
-    check(spec, scratch, out, want)
-    return stats
+def launch_and_check(geometry, tp, tokens, ratio, arch, inputs, **options):
+    """verify() of the kernel reading the inputs' key formats; `options` as verify's."""
+    config = Config(geometry, tp, tokens, ratio, arch, inputs["swa_fp8"], inputs["comp_fp8"])
+    return verify(config, inputs, **options).assert_ok().stats
 
 
 FAST = [(arch, tp, ratio, tokens) for arch in sorted(ARCHS) for tp in (1, 2, 4, 8)
@@ -158,16 +152,9 @@ def test_kernel_many_tokens_and_ratio_1(arch, tp, tokens, ratio):
 def launch_in_order(spec, kernel, inputs, order):
     """One launch with the workgroups started in `order`, checked against the
     reference; returns the emulator's stats."""
-    want = attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
-    machine = Machine(spec.arch)
     scratch = launch.new_scratch(spec, "cpu")
-    out = torch.full((spec.tokens, spec.hidden), float("nan"), dtype=torch.bfloat16)
-    segment = launch.kernargs(kernel, spec, {**inputs, "out": out}, machine.map(scratch),
-                              machine.map, inputs["qk_scale"])
-    dims = launch.launch_dims(spec)
-    stats = machine.launch(kernel.asm, kernel.name, grid=dims.grid, block=dims.block,
-                           kernargs=segment, order=order)
-    check(spec, scratch, out, want)
+    out, stats = run_kernel(spec, kernel, inputs, scratch, order=order)
+    check(spec, scratch, out, reference_of(spec, inputs))
     return stats
 
 
@@ -201,8 +188,8 @@ def test_consecutive_launches_share_scratch(arch):
     scratch = launch.new_scratch(spec, "cpu")
     for launch_index in range(3):
         inputs = make_inputs("tiny", 4, 3, 2, seed=100 + launch_index, arch=arch)
-        launch_and_check("tiny", 4, 3, 2, arch, inputs, scratch)
-        assert region(spec, scratch, "epoch", torch.int32)[0] == launch_index + 1
+        launch_and_check("tiny", 4, 3, 2, arch, inputs, scratch=scratch)
+        assert spec.view(scratch, "epoch", torch.int32)[0] == launch_index + 1
 
 
 # --------------------------------------------------------------------------- hand-off mutants
@@ -285,9 +272,9 @@ def test_gemv_stages(arch, tp, tokens):
     out, _ = gemv_launch(spec, kernel, inputs, want, scratch, epoch=41)
     check(spec, scratch, out, want, ("x8b", "out"))
     # the epoch moved on once every CTA marked it
-    assert region(spec, scratch, "epoch", torch.int32)[0] == 42
-    assert (region(spec, scratch, "epoch_marks", torch.int32) == 42).all()
-    assert (region(spec, scratch, "wo_a_flags", torch.int32) == 42).all()
+    assert spec.view(scratch, "epoch", torch.int32)[0] == 42
+    assert (spec.view(scratch, "epoch_marks", torch.int32) == 42).all()
+    assert (spec.view(scratch, "wo_a_flags", torch.int32) == 42).all()
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -316,8 +303,8 @@ def test_gemv_waits_for_its_flags():
     spec, kernel = build("tiny", 8, 1, 2, "gfx942", GEMV)
     inputs, _ = reference("tiny", 8, 1, 2, 0, spec.attention.chunk_keys, "gfx942")
     scratch = launch.new_scratch(spec, "cpu")
-    region(spec, scratch, "epoch", torch.int32)[0] = 5
-    region(spec, scratch, "combine_flags", torch.int32)[:] = 5  # stale
+    spec.view(scratch, "epoch", torch.int32)[0] = 5
+    spec.view(scratch, "combine_flags", torch.int32)[:] = 5  # stale
     with pytest.raises(Exception, match="(?i)deadlock|progress"):
         run_kernel(spec, kernel, inputs, scratch)
 

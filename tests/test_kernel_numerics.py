@@ -20,6 +20,8 @@ from k2back.runtime import launch
 from k2back.runtime.emu import EmuBackend
 from k2back.testing import build, check, make_inputs, run_kernel
 
+pytestmark = pytest.mark.kernel  # every test here builds or runs the K2 kernel
+
 CONFIGS = [(tp, ratio, tokens) for tp in (1, 2, 4, 8) for ratio in (0, 2) for tokens in (1, 3, 16)]
 
 

@@ -12,16 +12,25 @@ import math
 
 import pytest
 import torch
-from test_attention_stages import live_chunks, run_stage, split_regions
-from test_kernel import launch_and_check
 
 from k2back.codegen.plan import plan
 from k2back.codegen.render import KernelSource
 from k2back.codegen.targets import ARCHS
+from k2back.config import Config
 from k2back.formats import KEY_FP8, KV_DATA_BYTES, KV_SCALES, VLLM_KEY_FP8
 from k2back.model import NOPE_DIM
 from k2back.reference import attention_back
-from k2back.testing import METRICS, TOLERANCES, compare, make_inputs, run_kernel
+from k2back.testing import (
+    METRICS,
+    TOLERANCES,
+    compare,
+    live_chunks,
+    make_inputs,
+    run_kernel,
+    run_stage,
+    split_regions,
+    verify,
+)
 
 PAIRS = [(swa, comp) for swa in KEY_FP8 for comp in KEY_FP8]
 
@@ -47,12 +56,13 @@ def inputs_for(arch, swa, comp, ratio, tokens, seed, **kw):
     return make_inputs("tiny", 4, tokens, ratio, seed, arch=arch, swa_fp8=swa, comp_fp8=comp, **kw)
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch, swa, comp, ratio, tokens", _matrix())
 def test_format_matrix(arch, swa, comp, ratio, tokens):
     """The whole kernel of the format pair, on caches written in it: out, XO
     and X8B within the calibrated tolerances of the reference of record."""
     inputs = inputs_for(arch, swa, comp, ratio, tokens, seed=31 + tokens + 7 * ratio)
-    launch_and_check("tiny", 4, tokens, ratio, arch, inputs)
+    verify(Config("tiny", 4, tokens, ratio, arch, swa, comp), inputs).assert_ok()
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -77,6 +87,7 @@ def test_defaults_are_what_vllm_writes():
 WRONG = {"e4m3fn": "e4m3fnuz", "e4m3fnuz": "e4m3fn"}
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_a_kernel_told_the_wrong_window_format_fails_by_far(arch):
     """The bug of issue 8: realistic FNUZ window bytes (what vLLM writes on
@@ -197,6 +208,7 @@ def split_against_reference(arch, swa, comp, inputs, read=None):
     return got, want
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("swa, comp", PAIRS)
 def test_edge_bytes_and_codes(arch, swa, comp):
@@ -207,13 +219,15 @@ def test_edge_bytes_and_codes(arch, swa, comp):
         compare(name, got[name], want[name])
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_edge_bytes_through_the_whole_kernel(arch):
     swa, comp = VLLM_KEY_FP8[arch]
     inputs = as_the_kernel_reads(with_edges(inputs_for(arch, swa, comp, 2, 3, seed=51), 51), arch)
-    launch_and_check("tiny", 4, 3, 2, arch, inputs)
+    verify(Config("tiny", 4, 3, 2, arch, swa, comp), inputs).assert_ok()
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("swa, comp", [VLLM_KEY_FP8["gfx942"], ("e4m3fn", "e4m3fn")])
 def test_code_255_blocks_with_the_writers_marker(arch, swa, comp):

@@ -10,8 +10,9 @@ import math
 
 import pytest
 
-from k2back.codegen.plan import MAX_TOKENS, REGION_ALIGN, KernelSpec, plan
+from k2back.codegen.plan import REGION_ALIGN, KernelSpec, plan
 from k2back.codegen.targets import ARCHS
+from k2back.config import MAX_TOKENS
 from k2back.model import GEOMETRIES, MX_BLOCK, TP_DEGREES
 
 CONFIGS = [

@@ -22,6 +22,7 @@ from k2back.emu import Machine
 from k2back.runtime import hip
 
 
+@pytest.mark.kernel
 @pytest.mark.slow
 def test_without_a_gpu_it_says_so_and_runs_the_emulator_half(tmp_path):
     flags = [] if hip.runtime_status() is not None else ["--emulator-only"]  # a ROCm machine
@@ -141,6 +142,7 @@ def run_with_gpu(arch="gfx942"):
     return status, "\n".join(lines)
 
 
+@pytest.mark.kernel
 def test_with_a_gpu_every_kernel_runs_on_both_and_agrees(stand_in):
     status, report = run_with_gpu()
     assert status == 0, report
@@ -156,6 +158,7 @@ def test_with_a_gpu_every_kernel_runs_on_both_and_agrees(stand_in):
     assert "gfx950" not in report  # one GPU, one arch
 
 
+@pytest.mark.kernel
 def test_a_gpu_that_differs_is_reported(stand_in):
     stand_in.corrupt = "unit"
     status, report = run_with_gpu()

@@ -1,7 +1,7 @@
 """k2back.vllm: the key table from vLLM's decode metadata and the layer swap.
 
 - key_table against a plain Python loop over SPEC §1's rules, on randomized
-  vLLM-shaped steps (tests/vllm_step.py), every ratio, two geometries, and
+  vLLM-shaped steps (k2back/testing/vllm_step.py), every ratio, two geometries, and
   into persistent buffers (out=).
 - Capture safety: a run on the meta device (no values exist, so any host read
   fails), the aten ops of a CPU run (none that syncs: item, nonzero, boolean
@@ -22,14 +22,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from vllm_step import compressed_rows, draw_step, window_rows
 
 from k2back import formats as F
 from k2back import ops
 from k2back import vllm as kv
+from k2back.config import Config
 from k2back.model import geometry
 from k2back.reference import attention_back
 from k2back.testing import CHUNK_TOLERANCES, compare, make_inputs
+from k2back.testing.vllm_step import compressed_rows, draw_step, window_rows
 
 ARCH = "gfx950"  # both caches OCP by default: the step's caches are written that way
 
@@ -267,7 +268,7 @@ def run_through_adapter(step, seed: int, geo: str = GEO):
     back = decode_back(step, x, geometry=geo)
     out = back(x["q"], step.positions, step.slot_mapping, step.swa_indices, step.swa_lens,
                step.topk_indices, step.comp_block_table, step.token_to_req)
-    ck = ops.kernel_for(geo, TP, len(out), step.ratio, ARCH)[0].attention.chunk_keys
+    ck = ops.kernel_for(Config(geo, TP, len(out), step.ratio, ARCH))[0].attention.chunk_keys
     table, length = back.key_table[:len(out)], back.key_len[:len(out)]
     compare("out", out, attention_back(**{**x, "key_table": table, "key_len": length},
                                        chunk_keys=ck))
@@ -276,6 +277,7 @@ def run_through_adapter(step, seed: int, geo: str = GEO):
     return out, x, ck
 
 
+@pytest.mark.kernel
 @pytest.mark.parametrize("ratio, seed", [(2, 11), (0, 12), (1, 13), (2, 14)])
 def test_kernel_through_adapter(ratio, seed):
     """On the tiny geometry the kernel is held to the reference in its own key
@@ -285,6 +287,7 @@ def test_kernel_through_adapter(ratio, seed):
     run_through_adapter(draw_step(GEO, ratio, seed, requests=4, padded=1 + seed % 2), seed)
 
 
+@pytest.mark.kernel
 @pytest.mark.slow
 @pytest.mark.parametrize("ratio, seed", [(2, 21), (1, 22)])
 def test_kernel_through_adapter_matches_vllm_order_v41_flash(ratio, seed):
@@ -315,6 +318,7 @@ def past_the_end(table, x, t, keep_one: bool) -> None:
         moved.add(name)
 
 
+@pytest.mark.kernel
 def test_slot_past_a_cache_reads_zeros():
     """Slots one page past each cache, run with validation bypassed (a GPU
     launch does not check values): no fault, and `out` is the attention with
@@ -333,11 +337,11 @@ def test_slot_past_a_cache_reads_zeros():
     past_the_end(table, x, every, keep_one=False)
     past_the_end(table, x, one_each, keep_one=True)
 
-    spec, _ = ops.kernel_for(GEO, TP, len(length), 2, ARCH)
+    spec, _ = ops.kernel_for(Config(GEO, TP, len(length), 2, ARCH))
     out = torch.full((len(length), geometry(GEO).hidden), float("nan"), dtype=torch.bfloat16)
     ops.launch({**x, "key_table": table, "key_len": length}, out,
-               ops.backend("emu").new_scratch(spec, out.device), geometry=GEO, tp=TP, ratio=2,
-               arch=ARCH, swa_fp8=x["swa_fp8"], comp_fp8=x["comp_fp8"])
+               ops.backend("emu").new_scratch(spec, out.device),
+               Config(GEO, TP, len(length), 2, ARCH, x["swa_fp8"], x["comp_fp8"]))
     assert (out[every] == 0).all()
     zero_page = {f"{name}_cache": torch.cat([x[f"{name}_cache"],
                                              torch.zeros_like(x[f"{name}_cache"][:1])])
@@ -349,6 +353,7 @@ def test_slot_past_a_cache_reads_zeros():
     assert (before[every] != 0).any(), "zeros would not tell the moved keys apart"
 
 
+@pytest.mark.kernel
 def test_wild_slot_does_not_fault():
     """A slot whose 32-bit byte offset wraps (the largest a table can hold)
     reads inside its cache: the launch completes without a memory fault."""
@@ -357,11 +362,11 @@ def test_wild_slot_does_not_fault():
     table, length = kv.key_table(**step.metadata(), geometry=GEO)
     t = int(length.argmax())
     table[t, 0] = F.SLOT_MASK - 1  # a window slot: 2^31 - 2
-    spec, _ = ops.kernel_for(GEO, TP, len(length), 0, ARCH)
+    spec, _ = ops.kernel_for(Config(GEO, TP, len(length), 0, ARCH))
     out = torch.full((len(length), geometry(GEO).hidden), float("nan"), dtype=torch.bfloat16)
     ops.launch({**x, "key_table": table, "key_len": length}, out,
-               ops.backend("emu").new_scratch(spec, out.device), geometry=GEO, tp=TP, ratio=0,
-               arch=ARCH, swa_fp8=x["swa_fp8"], comp_fp8=x["comp_fp8"])
+               ops.backend("emu").new_scratch(spec, out.device),
+               Config(GEO, TP, len(length), 0, ARCH, x["swa_fp8"], x["comp_fp8"]))
     others = torch.arange(len(length)) != t
     compare("out", out[others], attention_back(
         **{**x, "key_table": table[others], "key_len": length[others],
@@ -418,6 +423,7 @@ def vllm_layer(step, x, max_tokens: int):
             "tensor_model_parallel_all_reduce": lambda t: t}
 
 
+@pytest.mark.kernel
 def test_readme_swap_runs(monkeypatch):
     """The README's block, unchanged, with the tiny geometry, the gfx950
     emulator and CPU tensors as DecodeBack's defaults."""
@@ -428,7 +434,7 @@ def test_readme_swap_runs(monkeypatch):
     scope = vllm_layer(step, x, max_tokens=16)
     exec(compile(readme_swap(), str(README), "exec"), scope)  # noqa: S102 -- the README is the test
     table, length = kv.key_table(**step.metadata(), geometry=GEO)
-    ck = ops.kernel_for(GEO, TP, len(length), 2, ARCH)[0].attention.chunk_keys
+    ck = ops.kernel_for(Config(GEO, TP, len(length), 2, ARCH))[0].attention.chunk_keys
     compare("out", scope["out"], attention_back(**{**x, "key_table": table, "key_len": length},
                                                 chunk_keys=ck))
 

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 
 from k2back.codegen.plan_attention import KERNEL_LDS, AttentionPlan, plan_attention
 from k2back.codegen.targets import ArchInfo, arch_info
-from k2back.formats import KV_RECORD_BYTES, resolve_key_fp8
+from k2back.config import Config
+from k2back.formats import KV_RECORD_BYTES
 from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, RankShape
 from k2back.model import geometry as model_geometry
 
@@ -42,10 +43,8 @@ STEP_BYTES = 64  # k bytes one 16-B load a lane covers across the 4 lane groups
 THREADS_PER_TOKEN = 8  # GEMV epilogue threads a token of a 16-token tile
 REGION_ALIGN = 256
 FLAG_BYTES = 4
-MAX_TOKENS = 64
 MAX_X_STEPS = 16  # 16-B activation loads a lane holds at once (64 VGPRs)
 MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of tasks (128 VGPRs)
-RATIOS = (0, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -183,6 +182,14 @@ class KernelSpec:
             if r.name == name:
                 return r
         raise KeyError(f"scratch region {name!r} not in {[r.name for r in self.scratch]}")
+
+    def view(self, scratch, name: str, dtype=None, shape=None):
+        """Region `name` of a launch's scratch (a uint8 tensor) as a view of
+        `dtype` (default: its bytes), flat or of `shape`: writes land in scratch."""
+        r = self.region(name)
+        view = scratch[r.offset:r.offset + r.bytes]
+        view = view if dtype is None else view.view(dtype)
+        return view if shape is None else view.view(shape)
 
     def lds_member(self, stage: str, name: str) -> LdsMember:
         for m in self.lds:
@@ -414,22 +421,25 @@ def _scratch_regions(att: AttentionPlan, wo_a: GemvStage, rank: RankShape, token
     return tuple(scratch), offset
 
 
-def plan(geometry, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str = "auto",
+def plan(geometry: Config | str, tp: int | None = None, tokens: int | None = None,
+         ratio: int | None = None, arch: str | None = None, swa_fp8: str = "auto",
          comp_fp8: str = "auto", *, target: ArchInfo | None = None) -> KernelSpec:
-    """The KernelSpec of one launch. `target`: the facts of `arch` to plan for
-    (default targets.ARCHS[arch]; tests pass their own, e.g. a smaller grid)."""
+    """The KernelSpec of one launch: of a Config, or of the configuration given
+    field by field (checked as a Config); the arch's target-ID features do not
+    change the plan. `target`: the facts of the arch to plan for (default
+    targets.ARCHS[arch]; tests pass their own, e.g. a smaller grid)."""
+    config = geometry if isinstance(geometry, Config) else Config(
+        geometry, tp, tokens, ratio, arch, swa_fp8, comp_fp8)
+    geometry, tp, tokens, ratio = config.geometry, config.tp, config.tokens, config.ratio
+    arch, (swa_fp8, comp_fp8) = config.processor, config.key_formats()
     geo = model_geometry(geometry)
-    _check("tokens", tokens, f"an int in 1..{MAX_TOKENS}",
-           isinstance(tokens, int) and 1 <= tokens <= MAX_TOKENS)
-    _check("ratio", ratio, f"one of {RATIOS}", ratio in RATIOS)
-    rank = RankShape(geo, tp)  # checks tp
+    rank = RankShape(geo, tp)
     _check("geometry", geo.name, f"hidden a multiple of {TILE} (wo_b tasks), got {geo.hidden}",
            geo.hidden % TILE == 0)
     _check("geometry", geo.name, f"o_rank·groups a multiple of {STEP_BYTES}",
            rank.o_rows % STEP_BYTES == 0)
     info = arch_info(arch) if target is None else target
     _check("target", info.name, f"the facts of arch {arch!r}", info.name == arch)
-    swa_fp8, comp_fp8 = resolve_key_fp8(arch, swa_fp8, comp_fp8)
     att = plan_attention(rank, tokens, ratio, info)
     blocks = info.blocks
 

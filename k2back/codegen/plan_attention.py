@@ -99,8 +99,6 @@ PART_PIECES = {
 KERNEL_LDS = 16
 MAX_CHUNKS = WAVE  # combine reads a token's chunk stats a lane a chunk
 MIN_SPLIT_TASKS = 8
-RATIOS = (0, 1, 2)
-MAX_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -321,12 +319,9 @@ def plan_attention(
     rank: RankShape, tokens: int, ratio: int, target: ArchInfo, chunk_keys: int | None = None
 ) -> AttentionPlan:
     """The split/combine plan of one launch on `target` (targets.arch_info:
-    its facts); `chunk_keys` overrides the default chunk size (tests use it
-    to get many chunks from tiny tables)."""
-    if not (isinstance(tokens, int) and 1 <= tokens <= MAX_TOKENS):
-        raise ValueError(f"tokens: expected an int in 1..{MAX_TOKENS}, got {tokens!r}")
-    if ratio not in RATIOS:
-        raise ValueError(f"ratio: expected one of {RATIOS}, got {ratio!r}")
+    its facts; tokens and ratio checked by config.Config); `chunk_keys`
+    overrides the default chunk size (tests use it to get many chunks from
+    tiny tables)."""
     heads, keys = rank.heads, rank.keys
     if heads % HEADS_PER_GROUP:
         raise ValueError(f"heads: expected a multiple of {HEADS_PER_GROUP}, got {heads}")

@@ -38,9 +38,10 @@ def _template_digest() -> str:
 class KernelSource:
     """The K2 kernel of `spec`; `stages` renders a subset (in STAGES order) for
     stage-level tests: the kernel then only awaits flags earlier stages would
-    have set (a test sets them)."""
+    have set (a test sets them). `target`: the target ID to build for (the
+    spec's arch with target-ID features, e.g. gfx942:sramecc+:xnack-)."""
 
-    def __init__(self, spec: KernelSpec, stages=None):
+    def __init__(self, spec: KernelSpec, stages=None, target: str | None = None):
         stages = STAGES if stages is None else tuple(stages)
         unknown = [s for s in stages if s not in STAGES]
         if unknown or not stages:
@@ -49,7 +50,7 @@ class KernelSource:
         self.stages = tuple(s for s in STAGES if s in stages)
         full = self.stages == STAGES
         self.name = spec.name if full else f"{spec.name}__{'_'.join(self.stages)}"
-        self.arch = spec.arch
+        self.arch = spec.arch if target is None else target
         self.spec_json = spec.to_json()
 
     def key(self) -> str:

@@ -25,18 +25,22 @@ class EmuBackend:
         return launch.new_scratch(spec, device)
 
     def run(self, kernel, spec, tensors: Mapping[str, object], scratch: torch.Tensor,
-            qk_scale: float | None = None):
+            qk_scale: float | None = None, *, grid: tuple[int, int, int] | None = None,
+            order="forward", **machine_options):
         """Launch once; returns the emulator's counters. The scratch keeps its
-        epoch state across calls: it is mapped, never cleared."""
-        machine = Machine(kernel.arch, **self.machine_options)
+        epoch state across calls: it is mapped, never cleared. `grid` replaces
+        the plan's (a stage-level kernel of the same signature), `order` is the
+        workgroups' start order (Machine.launch), `machine_options` add to the
+        backend's for this launch."""
+        machine = Machine(kernel.arch, **{**self.machine_options, **machine_options})
 
         def address_of(tensor: torch.Tensor, name: str) -> int:
             # the whole storage, so strided views (padded pages) map as they lie in memory
             storage = torch.empty(0, dtype=torch.uint8).set_(tensor.untyped_storage())
             return machine.map(storage, name) + tensor.storage_offset() * tensor.element_size()
 
+        dims = launch.launch_dims(spec, grid)
         segment = launch.kernargs(kernel, spec, tensors, address_of(scratch, "scratch"),
-                                  address_of, qk_scale)
-        dims = launch.launch_dims(spec)
+                                  address_of, qk_scale, dims)
         return machine.launch(kernel.asm, kernel.name, grid=dims.grid, block=dims.block,
-                              kernargs=segment, dynamic_lds=dims.dynamic_lds)
+                              kernargs=segment, dynamic_lds=dims.dynamic_lds, order=order)

@@ -56,9 +56,11 @@ def kernel_arguments(spec, tensors: Mapping[str, object], scratch_address: int,
     return values
 
 
-def launch_dims(spec) -> LaunchDims:
-    """A persistent grid: one workgroup per CU, all resident; LDS is static."""
-    return LaunchDims(grid=(spec.blocks, 1, 1), block=(spec.threads, 1, 1))
+def launch_dims(spec, grid: tuple[int, int, int] | None = None) -> LaunchDims:
+    """A persistent grid: one workgroup per CU, all resident (unless `grid` is
+    given: a stage-level test kernel); LDS is static."""
+    return LaunchDims(grid=(spec.blocks, 1, 1) if grid is None else grid,
+                      block=(spec.threads, 1, 1))
 
 
 def new_scratch(spec, device) -> torch.Tensor:
@@ -71,10 +73,12 @@ _LAYOUTS: dict[str, KernargLayout] = {}  # build key -> the checked layout of it
 
 
 def kernargs(kernel, spec, tensors: Mapping[str, object], scratch_address: int,
-             address_of: Callable[[torch.Tensor, str], int], qk_scale: float | None = None) -> bytes:
-    """The kernarg segment of one launch of the K2 kernel, for either backend
-    (the layout is checked against the signature once a build, not every call)."""
+             address_of: Callable[[torch.Tensor, str], int], qk_scale: float | None = None,
+             dims: LaunchDims | None = None) -> bytes:
+    """The kernarg segment of one launch of the K2 kernel (or of a kernel of
+    its signature launched on `dims`), for either backend (the layout is
+    checked against the signature once a build, not every call)."""
     if kernel.key not in _LAYOUTS:
         _LAYOUTS[kernel.key] = KernargLayout(kernel.metadata, KERNEL_ARGS)
     values = kernel_arguments(spec, tensors, scratch_address, address_of, qk_scale)
-    return _LAYOUTS[kernel.key].pack(values, launch_dims(spec))
+    return _LAYOUTS[kernel.key].pack(values, launch_dims(spec) if dims is None else dims)

@@ -26,12 +26,10 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from k2back import formats as F
+from k2back.config import LAUNCH_ARGS, RATIOS, Config
 from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, NOPE_DIM, ROPE_DIM, Rope, geometry
 
-LAUNCH_ARGS = ("q", "key_table", "key_len", "positions", "swa_cache", "swa_block", "comp_cache",
-               "comp_block", "cos_sin", "sink", "wo_a", "wo_a_scale", "wo_b", "wo_b_scale",
-               "qk_scale")
-RATIOS = (0, 1, 2)
+OVERRIDABLE = (*LAUNCH_ARGS, "qk_scale")  # the arguments make_inputs returns
 BLOCK_SIZES = (32, 64)
 
 
@@ -302,10 +300,10 @@ def make_inputs(geometry_name, tp: int, tokens: int, ratio: int, seed: int, *, r
     g.rank(tp)  # tp must divide the model
     if ratio not in RATIOS:
         raise ValueError(f"ratio: expected one of {RATIOS}, got {ratio!r}")
-    unknown = set(overrides) - set(LAUNCH_ARGS) - set(OPTION_NAMES)
+    unknown = set(overrides) - set(OVERRIDABLE) - set(OPTION_NAMES)
     if unknown:
         raise TypeError(f"make_inputs: unknown overrides {sorted(unknown)}; expected launch "
-                        f"arguments {LAUNCH_ARGS} or options {OPTION_NAMES}")
+                        f"arguments {OVERRIDABLE} or options {OPTION_NAMES}")
     swa_fp8, comp_fp8 = F.resolve_key_fp8(arch, swa_fp8, comp_fp8)
     writers = dict(zip(("swa", "comp"), F.cache_writers(arch, swa_fp8, comp_fp8)))
     d = _Draw(seed)
@@ -336,7 +334,7 @@ def make_inputs(geometry_name, tp: int, tokens: int, ratio: int, seed: int, *, r
     }
     inputs = rank_slice(full, tp, rank)
     for name, value in overrides.items():
-        if name in LAUNCH_ARGS:
+        if name in OVERRIDABLE:
             inputs[name] = _override(inputs[name], value)
     return inputs
 
@@ -646,38 +644,38 @@ CHECKED = ("xo", "x8b", "out")  # what a launch is checked on: both hand-offs an
 @functools.cache
 def build(geometry_name: str, tp: int, tokens: int, ratio: int, arch: str, stages=None,
           swa_fp8: str = "auto", comp_fp8: str = "auto"):
-    """(spec, compiled kernel) of a configuration; `stages` a subset of the four;
-    the key caches' byte formats (k2back.formats, "auto": what vLLM writes)."""
-    from k2back.codegen.compiler import compile as compile_source
-    from k2back.codegen.plan import plan
-    from k2back.codegen.render import KernelSource
+    """(spec, compiled kernel) of a configuration, once a process; `stages` a
+    subset of the four; the key caches' byte formats ("auto": what vLLM writes)."""
+    from k2back import ops
 
-    spec = plan(geometry_name, tp, tokens, ratio, arch, swa_fp8, comp_fp8)
-    return spec, compile_source(KernelSource(spec, stages))
+    return ops.build(Config(geometry_name, tp, tokens, ratio, arch, swa_fp8, comp_fp8), stages)
 
 
-def region(spec, scratch: torch.Tensor, name: str, dtype=torch.uint8) -> torch.Tensor:
-    """A scratch region as a flat tensor of `dtype` (a view: writes land in scratch)."""
-    r = spec.region(name)
-    return scratch[r.offset:r.offset + r.bytes].view(dtype)
+def reference_of(spec, inputs: dict) -> dict:
+    """The reference of record's out and intermediates at the plan's chunk size."""
+    from k2back.reference import attention_back
+
+    return attention_back(**inputs, chunk_keys=spec.attention.chunk_keys, intermediates=True)
 
 
-def run_kernel(spec, kernel, inputs: dict, scratch: torch.Tensor, backend=None):
+def run_kernel(spec, kernel, inputs: dict, scratch: torch.Tensor, backend=None, **emulator):
     """One launch on `backend` (the emulator unless given), on scratch's device;
-    returns (out on the CPU, the backend's stats)."""
+    returns (out on the CPU, the backend's stats). `emulator`: EmuBackend.run's
+    options (grid, order, Machine keywords)."""
     from k2back.runtime.emu import EmuBackend
 
     backend = EmuBackend() if backend is None else backend
     device = scratch.device
     tensors = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
     out = torch.full((spec.tokens, spec.hidden), float("nan"), dtype=torch.bfloat16, device=device)
-    stats = backend.run(kernel, spec, {**tensors, "out": out}, scratch, qk_scale=inputs["qk_scale"])
+    stats = backend.run(kernel, spec, {**tensors, "out": out}, scratch, inputs["qk_scale"],
+                        **emulator)
     return out.cpu(), stats
 
 
 def mxfp8_of(spec, scratch: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(bytes, codes) of an MXFP8 hand-off region ("xo" or "x8b"), [S, ...] each."""
-    return tuple(region(spec, scratch, r).reshape(spec.tokens, -1).to("cpu", copy=True)
+    return tuple(spec.view(scratch, r).reshape(spec.tokens, -1).to("cpu", copy=True)
                  for r in (name, f"{name}_codes"))
 
 
@@ -693,14 +691,130 @@ def check(spec, scratch: torch.Tensor, out: torch.Tensor, want: dict, names=CHEC
     return {name: compare(name, *pair) for name, pair in launch_results(spec, scratch, out, want, names).items()}
 
 
+@dataclass
+class Verification:
+    """One launch checked against the reference of record: `metrics` of each
+    checked result within its tolerance, `failures` (name -> why) of the rest."""
+
+    config: Config
+    spec: object
+    kernel: object
+    stats: object
+    metrics: dict[str, dict]
+    failures: dict[str, str]
+
+    def assert_ok(self) -> Verification:
+        if self.failures:
+            raise AssertionError("; ".join(self.failures.values()))
+        return self
+
+
+def verify(config: Config, inputs: dict | None = None, *, seed: int = 0, kernel=None,
+           backend=None, scratch: torch.Tensor | None = None,
+           reference: Callable[[object, dict], dict] = reference_of, **emulator) -> Verification:
+    """The kernel of `config` (or `kernel`, a stand-in built from its spec) on
+    `inputs` (default: make_inputs(seed) in the config's key formats), out and
+    both MXFP8 hand-offs against `reference(spec, inputs)` (the reference of
+    record) under the calibrated tolerances: what `k2back verify` prints and
+    kernel tests assert. `scratch` carries epoch state from an earlier launch;
+    `backend` the emulator unless given; `emulator` as run_kernel."""
+    config = config.resolved()
+    spec, built = build(config.geometry, config.tp, config.tokens, config.ratio, config.arch,
+                        None, config.swa_fp8, config.comp_fp8)
+    if inputs is None:
+        inputs = make_inputs(config.geometry, config.tp, config.tokens, config.ratio, seed,
+                             arch=config.processor, swa_fp8=config.swa_fp8,
+                             comp_fp8=config.comp_fp8)
+    for name in ("swa_fp8", "comp_fp8"):
+        if inputs[name] != getattr(config, name):
+            raise ValueError(f"{name}: the inputs' caches hold {inputs[name]}, the "
+                             f"configuration reads {getattr(config, name)}")
+    from k2back.runtime.launch import new_scratch
+
+    want = reference(spec, inputs)
+    device = "cpu" if backend is None else "cuda"
+    scratch = new_scratch(spec, device) if scratch is None else scratch
+    out, stats = run_kernel(spec, built if kernel is None else kernel, inputs, scratch, backend,
+                            **emulator)
+    metrics, failures = {}, {}
+    for name, pair in launch_results(spec, scratch, out, want).items():
+        try:
+            metrics[name] = compare(name, *pair)
+        except AssertionError as e:
+            failures[name] = str(e)
+    return Verification(config, spec, built if kernel is None else kernel, stats, metrics,
+                        failures)
+
+
 def gemv_launch(spec, kernel, inputs: dict, want: dict, scratch: torch.Tensor, epoch: int, backend=None):
     """A GEMV-stages kernel, standing in for the attention stages: XO and its codes
     from the reference, the epoch word, every combine flag holding this launch's tag."""
-    region(spec, scratch, "xo")[:] = want["xo"].reshape(-1)
-    region(spec, scratch, "xo_codes")[:] = want["xo_codes"].reshape(-1)
-    region(spec, scratch, "epoch", torch.int32)[0] = epoch
-    region(spec, scratch, "combine_flags", torch.int32)[:] = epoch + 1
+    spec.view(scratch, "xo")[:] = want["xo"].reshape(-1)
+    spec.view(scratch, "xo_codes")[:] = want["xo_codes"].reshape(-1)
+    spec.view(scratch, "epoch", torch.int32)[0] = epoch
+    spec.view(scratch, "combine_flags", torch.int32)[:] = epoch + 1
     return run_kernel(spec, kernel, inputs, scratch, backend)
+
+
+# --- one attention stage as a kernel (stage-level tests) ---------------------------
+
+# Workgroup b runs task b of one stage function (grid = the stage's task count);
+# the context is the stage templates' plus `stage` ("split" or "combine").
+STAGE_KERNEL = """\
+target triple = "amdgcn-amd-amdhsa"
+
+@k2.lds = internal addrspace(3) global [{{ spec.lds_bytes }} x i8] undef, align 16
+
+define amdgpu_kernel void @k2_{{ stage }}_stage({{ params }}) #0 {
+  %task = call i32 @llvm.amdgcn.workgroup.id.x()
+  call void @k2_{{ stage }}({{ forward }}, i32 %task)
+  ret void
+}
+
+{% include stage ~ ".ll.j2" %}
+
+attributes #0 = { "amdgpu-flat-work-group-size"="{{ spec.threads }},{{ spec.threads }}" }
+
+!llvm.module.flags = !{!0}
+!0 = !{i32 1, !"amdhsa_code_object_version", i32 500}
+"""
+
+
+def stage_kernel(stage: str, spec):
+    """The compiled kernel of one attention stage of `spec` ("split" or "combine")."""
+    from k2back.codegen import render, signature
+    from k2back.codegen.compiler import IRSource, compile
+
+    ir = render.environment().from_string(STAGE_KERNEL).render(
+        spec=spec, stage=stage, params=signature.params(), forward=signature.forward())
+    return compile(IRSource(ir, f"k2_{stage}_stage", spec.arch))
+
+
+def run_stage(stage: str, spec, inputs: dict, scratch: torch.Tensor, tasks: int):
+    """`tasks` tasks of one stage in the emulator: (kernel, stats)."""
+    from k2back.runtime.emu import EmuBackend
+
+    kernel = stage_kernel(stage, spec)
+    tensors = dict(inputs, out=torch.zeros(spec.tokens, 1, dtype=torch.bfloat16))
+    stats = EmuBackend().run(kernel, spec, tensors, scratch, inputs.get("qk_scale"),
+                             grid=(tasks, 1, 1))
+    return kernel, stats
+
+
+def live_chunks(spec, key_len: torch.Tensor) -> torch.Tensor:
+    """[S, nchunk] bool: the chunks split computes (those starting below key_len)."""
+    a = spec.attention
+    starts = torch.arange(a.nchunk) * a.chunk_keys
+    return starts[None, :] < key_len[:, None]
+
+
+def split_regions(spec, scratch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split's hand-off in scratch: stats f32 [S, nchunk, H, 2] (max, sum)
+    and partials bf16 [S, nchunk, H, 512]."""
+    a = spec.attention
+    return (spec.view(scratch, "stats", torch.float32, (spec.tokens, a.nchunk, a.heads, 2)),
+            spec.view(scratch, "partials", torch.bfloat16,
+                      (spec.tokens, a.nchunk, a.heads, HEAD_DIM)))
 
 
 def asm_lines(kernel) -> list[str]:
@@ -754,8 +868,3 @@ def calibrate(cases=CALIBRATION_CASES, chunk_keys=(64, 128)) -> dict[str, dict[s
                                                  runs[NATURAL, chunk_keys[0]]))
     return worst
 
-
-if __name__ == "__main__":
-    import json
-
-    print(json.dumps(calibrate(), indent=1))
