@@ -50,7 +50,7 @@ def build(config: Config, stages=None):
     warm; `stages` a subset of the four (stage-level tests). The arch's
     target-ID features change the build and its key, not the plan."""
     spec = plan(config)
-    return spec, compile_source(KernelSource(spec, stages, target=config.arch))
+    return spec, compile_source(KernelSource(spec, stages, target_id=config.arch))
 
 
 def kernel_for(config: Config):

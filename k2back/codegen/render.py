@@ -38,10 +38,11 @@ def _template_digest() -> str:
 class KernelSource:
     """The K2 kernel of `spec`; `stages` renders a subset (in STAGES order) for
     stage-level tests: the kernel then only awaits flags earlier stages would
-    have set (a test sets them). `target`: the target ID to build for (the
-    spec's arch with target-ID features, e.g. gfx942:sramecc+:xnack-)."""
+    have set (a test sets them). `target_id`: the target ID to build for (the
+    spec's arch with target-ID features, e.g. gfx942:sramecc+:xnack-); the
+    arch's facts are the spec's (`spec.target`)."""
 
-    def __init__(self, spec: KernelSpec, stages=None, target: str | None = None):
+    def __init__(self, spec: KernelSpec, stages=None, target_id: str | None = None):
         stages = STAGES if stages is None else tuple(stages)
         unknown = [s for s in stages if s not in STAGES]
         if unknown or not stages:
@@ -50,7 +51,7 @@ class KernelSource:
         self.stages = tuple(s for s in STAGES if s in stages)
         full = self.stages == STAGES
         self.name = spec.name if full else f"{spec.name}__{'_'.join(self.stages)}"
-        self.arch = spec.arch if target is None else target
+        self.arch = spec.arch if target_id is None else target_id
         self.spec_json = spec.to_json()
 
     def key(self) -> str:
