@@ -207,15 +207,15 @@ def summary(spec, stats, limits: dict) -> dict:
 
 def report(result: dict) -> str:
     c = result["config"]
-    lines = [f"{c['kernel']} ({c['geometry']} TP {c['tp']} S {c['tokens']} ratio {c['ratio']} "
-             f"{c['arch']}), emulator timing model",
+    lines = [(f"{c['kernel']} ({c['geometry']} TP {c['tp']} S {c['tokens']} ratio {c['ratio']} "
+             f"{c['arch']}), emulator timing model"),
              f"  modeled   {result['modeled_us']:8.2f} us",
-             f"  roofline  {result['roofline_us']:8.2f} us  ({result['minimum_bytes'] / 1e6:.1f} MB at "
-             "the part's achievable HBM bandwidth)",
+             (f"  roofline  {result['roofline_us']:8.2f} us  ({result['minimum_bytes'] / 1e6:.1f} MB at "
+             "the part's achievable HBM bandwidth)"),
              f"  floor     {result['floor_us']:8.2f} us  (first HBM load + {HANDOFFS} hand-offs)",
              f"  ratio     {result['ratio']:8.2f}  modeled / (roofline + floor)",
-             f"  {'stage':<8} {'tasks':>6} {'CTAs':>5} {'start':>8} {'end':>8} {'span':>8} "
-             f"{'flag wait':>10} {'max wait':>9}  (us)"]
+             (f"  {'stage':<8} {'tasks':>6} {'CTAs':>5} {'start':>8} {'end':>8} {'span':>8} "
+             f"{'flag wait':>10} {'max wait':>9}  (us)")]
     for s in result["stages"]:
         lines.append(f"  {s['name']:<8} {s['tasks']:>6} {s['ctas']:>5} {s['start_us']:8.2f} "
                      f"{s['end_us']:8.2f} {s['span_us']:8.2f} {s['wait_us']:10.2f} {s['wait_max_us']:9.2f}")
