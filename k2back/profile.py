@@ -163,16 +163,17 @@ def bounds(spec, inputs) -> dict[str, float]:
             "floor_us": (p.hbm_ns + HANDOFFS * p.handoff_ns) / 1e3}
 
 
-def emulate(spec, kernel, inputs, machine_options=None):
-    """One timed launch in the emulator (fresh scratch); returns its Stats."""
+def emulate(spec, kernel, inputs, part=None, scratch=None):
+    """One timed launch in the emulator (on a fresh scratch unless given), charging
+    `part`'s costs (default: the arch's table); returns (out, Stats)."""
     import torch
 
     from k2back.runtime.emu import EmuBackend
     from k2back.testing import run_kernel
 
-    backend = EmuBackend(timing=True, regions=stage_regions(kernel.asm), **(machine_options or {}))
-    scratch = backend.new_scratch(spec, torch.device("cpu"))
-    return run_kernel(spec, kernel, inputs, scratch, backend)[1]
+    backend = EmuBackend(timing=part or True, regions=stage_regions(kernel.asm))
+    scratch = backend.new_scratch(spec, torch.device("cpu")) if scratch is None else scratch
+    return run_kernel(spec, kernel, inputs, scratch, backend)
 
 
 def profile(geometry: str, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str = "auto",
@@ -184,7 +185,7 @@ def profile(geometry: str, tp: int, tokens: int, ratio: int, arch: str, swa_fp8:
     spec, kernel = ops.kernel_for(geometry, tp, tokens, ratio, arch, swa_fp8, comp_fp8)
     inputs = make_inputs(geometry, tp, tokens, ratio, seed, arch=spec.arch,
                          swa_fp8=spec.swa_fp8, comp_fp8=spec.comp_fp8)
-    stats = emulate(spec, kernel, inputs)
+    stats = emulate(spec, kernel, inputs)[1]
     return summary(spec, stats, bounds(spec, inputs)), stats
 
 

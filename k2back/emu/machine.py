@@ -164,14 +164,15 @@ class Machine:
     def __init__(self, arch: str, *, memory: str = "strict", quantum: int = 256,
                  stall_rounds: int = 2000, max_wave_instructions: int = 100_000_000, trace=None,
                  mfma_accumulate: str = "exact", transcendental_error_seed=None,
-                 fnuz_negative_zero: int = 0x00, timing: bool = False, regions=None):
+                 fnuz_negative_zero: int = 0x00, timing=False, regions=None):
         """`memory`: "strict" (the GFX942 memory model, adversarial: coherence.py) or
         "ideal" (one coherent memory, every access performed when issued: cheaper,
         for unit tests of instructions). `trace(wave, instruction)`, if given, is
         called after every executed instruction (a debugging aid: it makes the
         launch several times slower). `mfma_accumulate`, `transcendental_error_seed`,
         `fnuz_negative_zero`: the results it picks where the hardware leaves room
-        (`numerics.Options`). `timing`: run waves in modeled time order and fill
+        (`numerics.Options`). `timing` (True, or a timing_parts.Part to charge
+        instead of the arch's): run waves in modeled time order and fill
         Stats.modeled_ns / spans (timing.py); `regions(kernel)`, if given, names each
         instruction (e.g. its stage) for Stats.timeline."""
         try:

@@ -55,7 +55,7 @@ import re
 
 from .coherence import LINE_BITS, XCDS, lines_of
 from .errors import Deadlock
-from .timing_parts import part as part_of
+from .timing_parts import Part, part as part_of
 
 WINDOW_NS = 200.0  # how far a wave may run ahead of the next earliest before it yields
 BIN_NS = 32.0  # bandwidth accounting granularity
@@ -79,7 +79,7 @@ def lds_bytes_per_lane(mnemonic: str) -> int:
 def remote_visibility_ns(p) -> float:
     """Store issue -> visible to another XCD: what the measured one-way hand-off
     leaves after the release, the poll's Infinity Cache hit and the acquire (derived)."""
-    return p.handoff_ns - p.release_fence_ns - p.acquire_fence_ns - p.mall_hit_ns
+    return max(0.0, p.handoff_ns - p.release_fence_ns - p.acquire_fence_ns - p.mall_hit_ns)
 
 
 class Pipe:
@@ -116,7 +116,7 @@ class Timing:
         """`classes`: each instruction's class (machine.DISPATCH); `regions`: a name
         for each instruction, or None (no timeline)."""
         self.machine = machine
-        p = self.part = part_of(machine.arch)
+        p = self.part = machine.timing if isinstance(machine.timing, Part) else part_of(machine.arch)
         self.ns = 1.0 / p.clock_ghz
         self.latency = {"l1": p.vl1_hit_cycles * self.ns, "l2": p.l2_hit_cycles * self.ns,
                         "mall": p.mall_hit_ns, "hbm": p.hbm_ns}
