@@ -55,7 +55,8 @@ import re
 
 from .coherence import LINE_BITS, XCDS, lines_of
 from .errors import Deadlock
-from .timing_parts import Part, part as part_of
+from .timing_parts import Part
+from .timing_parts import part as part_of
 
 WINDOW_NS = 200.0  # how far a wave may run ahead of the next earliest before it yields
 BIN_NS = 32.0  # bandwidth accounting granularity
