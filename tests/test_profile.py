@@ -16,7 +16,7 @@ CONFIG = ["--geometry", "tiny", "--tp", "4", "--ratio", "2", "--tokens", "3"]
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 def test_every_stage_is_found_in_the_asm_in_order(arch):
-    spec, kernel = ops.kernel_for("tiny", 4, 3, 2, arch)
+    _, kernel = ops.kernel_for("tiny", 4, 3, 2, arch)
     regions = stage_regions(kernel.asm)(asm_text.parse_kernel(kernel.asm, kernel.name))
     order = [r for i, r in enumerate(regions) if r in STAGES and (i == 0 or regions[i - 1] != r)]
     assert order == list(STAGES)
