@@ -121,8 +121,8 @@ def stage_table(spec, ctas: dict) -> list[Stage]:
 
 def critical_path(ctas: dict) -> list[tuple[int, str, float, float]]:
     """(cta, stage, start, end) segments of the chain that ends last: the last CTA's
-    last stage; before a segment that waited, the producing stage's segment that
-    ended last before the wait did; and so on back to the first stage."""
+    last stage; before a segment that waited on flags, the producing stage's segment
+    (begun before the wait ended) that ended last; and so on back to the first stage."""
     last = max(ctas, key=lambda g: max((e for _, _, e in ctas[g]["run"]), default=0.0))
     path, cta = [], last
     stage_index, before = len(STAGES) - 1, float("inf")
@@ -137,14 +137,12 @@ def critical_path(ctas: dict) -> list[tuple[int, str, float, float]]:
         waits = [e for region, s, e in ctas[cta]["wait"] if region == stage and start <= s <= end]
         if not waits or stage_index == 0:
             break
-        seen = max(waits)  # the producer's flag arrived by then
+        seen = max(waits)  # the producers' flags had all arrived by then
         producer = STAGES[stage_index - 1]
-        ends = [(e, g) for g, c in ctas.items() for region, _, e in c["run"]
-                if region == producer and e <= seen]
+        ends = [(e, g) for g, c in ctas.items() for region, s, e in c["run"] if region == producer and s < seen]
         if not ends:
             break
         before, cta = max(ends)
-        before += 1e-6
         stage_index -= 1
     return path[::-1]
 
