@@ -183,3 +183,21 @@ def test_timed_k2_launch_computes_what_an_untimed_one_does(arch):
     polled = ("scratch",)  # flags: polls differ with the order
     assert ({k: v for k, v in stats.bytes_read.items() if k not in polled}
             == {k: v for k, v in plain_stats.bytes_read.items() if k not in polled})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("counter", ["s_memtime", "s_memrealtime"])
+def test_clock_counters_read_the_modeled_clock(arch, counter):
+    """Stamps around 16 HBM loads differ by their modeled time, in the counter's unit."""
+    p = part(arch)
+    buffer = np.zeros(64 * LINE // 4, np.uint32)
+    chase = "\tglobal_load_dword v2, v2, s[4:5]\n\ts_waitcnt vmcnt(0)\n"
+    stamp = f"\t{counter} s[{{0}}:{{1}}]\n\ts_waitcnt lgkmcnt(0)\n"
+    body = ("\tv_mov_b32 v2, 0\n" + stamp.format(8, 9) + chase * 16 + stamp.format(10, 11)
+            + "\ts_sub_u32 s10, s10, s8\n\tv_mov_b32 v3, s10\n\tv_mov_b32 v2, 0\n"
+            "\tglobal_store_dword v2, v3, s[4:5]\n")
+    timed(arch, body, buffer)
+    hz = p.memrealtime_hz if counter == "s_memrealtime" else p.clock_ghz * 1e9
+    # the chain reads line 0 (offset 0 -> 0): one HBM miss, then L1 hits
+    want = (p.hbm_ns + 15 * p.ns(p.vl1_hit_cycles)) * hz / 1e9
+    assert int(buffer[0]) == pytest.approx(want, rel=0.15)

@@ -153,8 +153,12 @@ class DecodeContext:
         self.progress()
         return self.mem.atomic(w, addresses, dtype, update, sources, who)
 
-    def clock(self) -> int:
-        """Wave-instructions executed on this machine so far, this one included."""
+    def clock(self, realtime: bool = False) -> int:
+        """s_memtime / s_memrealtime: in timing mode the wave's modeled clock (core
+        cycles / reference-clock ticks); else wave-instructions executed on this
+        machine so far, this one included (deterministic)."""
+        if self.machine._timer is not None:
+            return self.machine._timer.stamp(realtime)
         return self.machine._clock + sum(self.machine._hits)
 
 

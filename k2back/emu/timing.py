@@ -227,6 +227,12 @@ class Timing:
             self.t = t + issue
         return run
 
+    def stamp(self, realtime: bool) -> int:
+        """The current wave's clock as s_memtime (core cycles) or s_memrealtime
+        (`memrealtime_hz` ticks) read it."""
+        p = self.part
+        return int(self.t * (p.memrealtime_hz / 1e9 if realtime else p.clock_ghz))
+
     # ------------------------------------------------------------------ memory hooks
 
     def attach(self, mem) -> None:
