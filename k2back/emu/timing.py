@@ -16,7 +16,8 @@ docs/timing-model.md); this module is only the mechanics that charge them:
   `sleep_cycles(n)`. Waves are spread over the CU's SIMDs by index (wave i on
   SIMD i mod 4): VALU ops of waves sharing a SIMD take turns, and an MFMA holds
   its SIMD's matrix core for its `Part.mfma_cycles` (the next MFMA of that SIMD
-  starts after it).
+  starts after it); both are `Pipe`s of busy time, so that waves running out of
+  time order within the window do not push each other out by it.
 - Memory: a load's data is ready at issue + the latency of the farthest level
   one of its lines comes from: the vector L1 of its CU (loads without sc0/sc1),
   the L2 of its XCD, the Infinity Cache (a line touched earlier in the launch:
@@ -130,8 +131,10 @@ class Timing:
         self.l2 = [set() for _ in range(XCDS)]
         self.touched = set()  # lines any access reached this launch (then in the Infinity Cache)
         self.visible = {}  # line -> (time visible to other XCDs, storing XCD)
-        self.valu_free = collections.defaultdict(float)  # (workgroup, SIMD) -> VALU free at
-        self.mfma_free = collections.defaultdict(float)  # (workgroup, SIMD) -> matrix core free at
+        # (workgroup, SIMD) -> its VALU and its matrix core, as pipes of busy ns a ns: waves
+        # sharing a SIMD take turns even when they run out of time order
+        self.simd_valu = collections.defaultdict(lambda: Pipe(1.0))
+        self.simd_matrix = collections.defaultdict(lambda: Pipe(1.0))
         self.handlers = [self._handler(ins, cls) for ins, cls in zip(kernel.instructions, classes)]
         self.handlers.append(self._plain(0.0))  # the guard past the end
         self.regions = regions
@@ -188,17 +191,13 @@ class Timing:
 
     def _valu(self, cost: float):
         def run(w, signal):
-            key = (w.group.index, w.index % self.part.simds_per_cu)
-            start = max(self.t, self.valu_free[key])
-            self.t = self.valu_free[key] = start + cost
+            self.t = self.simd_valu[(w.group.index, w.index % self.part.simds_per_cu)].transfer(self.t, cost)
         return run
 
     def _mfma(self, issue: float, busy: float):
         def run(w, signal):
-            key = (w.group.index, w.index % self.part.simds_per_cu)
-            start = max(self.t, self.mfma_free[key])
-            self.mfma_free[key] = start + busy
-            self.t = start + issue
+            done = self.simd_matrix[(w.group.index, w.index % self.part.simds_per_cu)].transfer(self.t, busy)
+            self.t = done - busy + issue
         return run
 
     def _branch(self, taken: float, not_taken: float):
