@@ -72,7 +72,7 @@ class Stats:
     written_back: int = 0  # bytes L2s wrote back to memory (strict)
     modeled_ns: float | None = None  # timing mode: launch start to the last wave's end
     spans: dict = dataclasses.field(default_factory=dict)  # timing: workgroup -> (start, end) ns
-    timeline: dict = dataclasses.field(default_factory=dict)  # timing with regions: timing.Timing
+    timeline: dict = dataclasses.field(default_factory=dict)  # timing + regions: timing.Timing.timeline
 
     @property
     def total_polls(self) -> int:
