@@ -259,6 +259,23 @@ def cmd_verify(parser, args) -> int:
     return 1 if result.failures else 0
 
 
+def cmd_profile(parser, args) -> int:
+    """Modeled time of the configuration's launch against the HBM roofline and the
+    latency floor, per stage (k2back.profile); --out writes profile.json, trace.json
+    and timeline.png."""
+    config = one_config(parser, args)
+    if args.backend == "hip":
+        parser.error("--backend hip: timing on a GPU needs the kernel's timeline stamps, "
+                     "which are not built yet; got hip, use emu")
+    from k2back import profile
+
+    result, stats = profile.profile(config, seed=args.seed)
+    print(profile.report(result))
+    for path in profile.write(result, stats, args.out) if args.out else ():
+        print(f"wrote {path}")
+    return 0
+
+
 # ---- doctor / cache -----------------------------------------------------------------------
 
 
@@ -307,6 +324,7 @@ COMMANDS = {
     "dump": (cmd_dump, "spec, plan, LLVM IR (rendered, optimized), asm, resources", False),
     "plan": (cmd_plan, "the plan: stages, tasks, CTA offsets, LDS, scratch", False),
     "verify": (cmd_verify, "run in the emulator against the reference of record", False),
+    "profile": (cmd_profile, "modeled time vs HBM roofline and latency floor, per stage", False),
     "doctor": (cmd_doctor, "toolchain, ROCm runtime, GPUs, cache", None),
     "cache": (cmd_cache, "list, size or clear the kernel cache", None),
     "selftest": (cmd_selftest, "unit and K2 kernels on the GPU and in the emulator, compared", None),
@@ -335,6 +353,11 @@ def parser() -> argparse.ArgumentParser:
     sub.choices["verify"].add_argument("--seed", type=int, default=0, help="make_inputs seed")
     sub.choices["verify"].add_argument("--perturb", action="store_true",
                                        help=argparse.SUPPRESS)  # test-only: must then fail
+    sub.choices["profile"].add_argument("--backend", choices=("emu", "hip"), default="emu",
+                                        help="emu: the emulator's timing model (default)")
+    sub.choices["profile"].add_argument("--out", type=Path,
+                                        help="write profile.json, trace.json, timeline.png here")
+    sub.choices["profile"].add_argument("--seed", type=int, default=0, help="make_inputs seed")
     sub.choices["cache"].add_argument("action", choices=("ls", "size", "clear"))
     sub.choices["selftest"].add_argument("--arch", type=choice_list(ARCHS), default=None,
                                          help="the emulator half's archs (default: all)")

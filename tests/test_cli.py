@@ -145,7 +145,7 @@ def run_cli(capsys, *argv) -> tuple[int, str]:
     return status, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["plan", "dump", "verify", "warmup"])
+@pytest.mark.parametrize("command", ["plan", "dump", "verify", "warmup", "profile"])
 @pytest.mark.parametrize("flag, value, error", BAD, ids=[f"{f}={v}" for f, v, _ in BAD])
 def test_bad_values_are_refused_as_argparse_does(command, flag, value, error, capsys, tmp_path,
                                                  monkeypatch):

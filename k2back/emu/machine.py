@@ -70,6 +70,9 @@ class Stats:
     rounds: int = 0
     stale_bytes: int = 0  # bytes loads took from a cached copy older than memory (strict)
     written_back: int = 0  # bytes L2s wrote back to memory (strict)
+    modeled_ns: float | None = None  # timing mode: launch start to the last wave's end
+    spans: dict = dataclasses.field(default_factory=dict)  # timing: workgroup -> (start, end) ns
+    timeline: dict = dataclasses.field(default_factory=dict)  # timing + regions: timing.Timing.timeline
 
     @property
     def total_polls(self) -> int:
@@ -150,8 +153,12 @@ class DecodeContext:
         self.progress()
         return self.mem.atomic(w, addresses, dtype, update, sources, who)
 
-    def clock(self) -> int:
-        """Wave-instructions executed on this machine so far, this one included."""
+    def clock(self, realtime: bool = False) -> int:
+        """s_memtime / s_memrealtime: in timing mode the wave's modeled clock (core
+        cycles / reference-clock ticks); else wave-instructions executed on this
+        machine so far, this one included (deterministic)."""
+        if self.machine._timer is not None:
+            return self.machine._timer.stamp(realtime)
         return self.machine._clock + sum(self.machine._hits)
 
 
@@ -161,14 +168,17 @@ class Machine:
     def __init__(self, arch: str, *, memory: str = "strict", quantum: int = 256,
                  stall_rounds: int = 2000, max_wave_instructions: int = 100_000_000, trace=None,
                  mfma_accumulate: str = "exact", transcendental_error_seed=None,
-                 fnuz_negative_zero: int = 0x00):
+                 fnuz_negative_zero: int = 0x00, timing=False, regions=None):
         """`memory`: "strict" (the GFX942 memory model, adversarial: coherence.py) or
         "ideal" (one coherent memory, every access performed when issued: cheaper,
         for unit tests of instructions). `trace(wave, instruction)`, if given, is
         called after every executed instruction (a debugging aid: it makes the
         launch several times slower). `mfma_accumulate`, `transcendental_error_seed`,
         `fnuz_negative_zero`: the results it picks where the hardware leaves room
-        (`numerics.Options`)."""
+        (`numerics.Options`). `timing` (True, or a timing_parts.Part to charge
+        instead of the arch's): run waves in modeled time order and fill
+        Stats.modeled_ns / spans (timing.py); `regions(kernel)`, if given, names each
+        instruction (e.g. its stage) for Stats.timeline."""
         try:
             self.numerics = nx.Options(mfma_accumulate, transcendental_error_seed, fnuz_negative_zero)
         except ValueError as error:
@@ -187,6 +197,8 @@ class Machine:
         self._clock = 0
         self._progress = False
         self._wake = {}
+        self.timing, self.regions = timing, regions
+        self._timer = None
 
     def map(self, array, name: str | None = None) -> int:
         """Map a host array/tensor in place; returns its device address."""
@@ -215,12 +227,13 @@ class Machine:
         ctx = DecodeContext(self, kernel, setup.accum_offset, stats, mem)
         code, classes = self._decode(kernel, ctx)
         code = hazards.instrument(kernel, code, self.arch, setup.accum_offset)
+        self._timer = timer = self._timing(kernel, classes, mem)
         scoreboard = inflight.Scoreboard(kernel, setup.accum_offset)
         launch_buffers = [self.memory.map(array, name) for name, array in setup.launch_buffers.items()]
         try:
             groups = setup.workgroups(*launch_buffers, _order(order, grid), mem)
             with np.errstate(all="ignore"):  # integer wrap-around and IEEE specials are the ISA's
-                self._schedule(groups, code, kernel, stats, scoreboard)
+                (timer.schedule if timer else self._schedule)(groups, code, kernel, stats, scoreboard)
             mem.end()
         finally:
             for base in launch_buffers:
@@ -228,6 +241,16 @@ class Machine:
         stats.stale_bytes, stats.written_back = mem.stale_bytes, mem.written_back
         self._finish(stats, classes, groups)
         return stats
+
+    def _timing(self, kernel, classes, mem):
+        """The timing mode's cost model for this launch (None: functional only)."""
+        if not self.timing:
+            return None
+        from .timing import Timing
+
+        timer = Timing(self, kernel, classes, self.regions(kernel) if self.regions else None)
+        timer.attach(mem)
+        return timer
 
     def _wake_now(self, wave) -> None:
         """A sleeping wave runs again on its next turn (a store reached its poll)."""
@@ -277,7 +300,7 @@ class Machine:
 
     def _run_quantum(self, w, code, hits, kernel, scoreboard):
         """Run `w` for up to one quantum; returns (instructions run, why it stopped)."""
-        budget, trace, touches = self.quantum, self.trace, scoreboard.touches
+        budget, trace, touches, timer = self.quantum, self.trace, scoreboard.touches, self._timer
         pc = w.pc
         try:
             while budget:
@@ -288,6 +311,8 @@ class Machine:
                 hits[pc] += 1
                 budget -= 1
                 signal = code[pc](w)
+                if timer is not None and timer.executed(w, pc, signal) and not signal:
+                    return self.quantum - budget, "time"  # past the timed scheduler's window
                 if trace is not None:
                     trace(w, kernel.instructions[pc] if pc < len(kernel.instructions) else None)
                 if signal:

@@ -368,8 +368,10 @@ def decode_smem(ins, ctx):
         write = ctx.scalar_writer(ins.operands[0], 64, ins)
         dst = scalar_bits(ctx.operand(ins.operands[0], ins))
 
-        def clock(w):  # deterministic: wave-instructions executed by the launch so far
-            write(w, ctx.clock())
+        realtime = name == "s_memrealtime"
+
+        def clock(w):  # deterministic: the modeled clock, or wave-instructions executed so far
+            write(w, ctx.clock(realtime))
             inflight.issue_smem(w, ins, dst)
         return clock
     if name == "s_dcache_inv":
