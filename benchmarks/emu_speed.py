@@ -8,6 +8,9 @@ Three kernels compiled from LLVM IR for gfx942 and gfx950:
   k2_tiny   the K2 kernel itself (tiny geometry, TP 1, 16 tokens) through the
             emulator backend, set-up and decode included
 Best of three runs (one for k2_tiny); the machine is shared, so expect noise.
+Absolute speeds compare between machines only through the yardstick printed
+before and after the table: seconds Python takes for sum(range(10**7)) (278 ms
+on the 2-core CI kind of machine the targets are set for).
 Run: .venv/bin/python benchmarks/emu_speed.py
 """
 
@@ -134,7 +137,18 @@ def row(label, arch, stats, seconds):
     print(f"{label:<10} {arch:<7} {stats.wave_instructions:>11,} {seconds:>8.3f} {rate:>13,.0f}")
 
 
+def yardstick() -> float:
+    """Seconds for sum(range(10**7)), best of three."""
+    timings = []
+    for _ in range(3):
+        start = time.perf_counter()
+        sum(range(10**7))
+        timings.append(time.perf_counter() - start)
+    return min(timings)
+
+
 def main():
+    print(f"yardstick {yardstick():.3f} s")
     print(f"{'kernel':<10} {'arch':<7} {'wave-instr':>11} {'seconds':>8} {'wave-instr/s':>13}")
     for arch in ARCHS:
         for label, ir, name, args, grid, block in cases(arch):
@@ -146,6 +160,7 @@ def main():
                 timings.append(time.perf_counter() - start)
             row(label, arch, stats, min(timings))
         row("k2_tiny", arch, *k2_tiny(arch))
+    print(f"yardstick {yardstick():.3f} s")
 
 
 if __name__ == "__main__":

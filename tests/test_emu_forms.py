@@ -12,7 +12,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from k2back.emu.testing import ARCHS, run_handwritten
+from k2back.emu import Machine
+from k2back.emu.testing import ARCHS, handwritten, run_handwritten
 
 LANE = np.arange(64, dtype=np.uint32)
 U32 = np.uint32
@@ -294,13 +295,17 @@ def fma(p, q, r) -> np.ndarray:
     return (p.astype(np.float64) * q.astype(np.float64) + r.astype(np.float64)).astype(F32)
 
 
+def with_wait_states(code: str) -> str:
+    """The 2 wait states between a VALU's SGPR write and a VALU's explicit read of it
+    (k2back.emu.hazards), before every instruction of a case that reads a mask or carry."""
+    return re.sub(r"\n\t(v_cndmask_b32_e64|v_addc_co_u32_e64|v_lshrrev_b32_e64)", "\n\ts_nop 1\n\t\\1", code)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("case", list(ALU_CASES))
 def test_alu_forms(arch, case):
     code, outputs = ALU_CASES[case]
-    # the 2 wait states between a VALU's SGPR write and a VALU's explicit read of it
-    # (k2back.emu.hazards), before every instruction here that reads a mask or carry
-    code = re.sub(r"\n\t(v_cndmask_b32_e64|v_addc_co_u32_e64|v_lshrrev_b32_e64)", "\n\ts_nop 1\n\t\\1", code)
+    code = with_wait_states(code)
     env = inputs(31)
     out = pack(env)
     body = PROLOGUE + code + "".join(store(reg, 16 + i) for i, (reg, _) in enumerate(outputs))
@@ -340,6 +345,64 @@ def test_gfx950_cvt_scalef32_pk_bf16_fp8():
 
 
 # --------------------------------------------------------------------------- memory forms
+
+# ---- batching (machine.Machine._run_turn, state.Batch): the waves of a workgroup at
+# one instruction run it once over [waves, 64] lanes; each form above must leave the
+# bits it leaves wave by wave (a trace turns batching off), with data differing
+# between the waves.
+
+WAVES, INPUT_DWORDS = 8, 1024
+THREADS = 64 * WAVES
+
+
+def wave_prologue() -> str:
+    """v1..v8 and s4..s7 loaded as PROLOGUE does, each thread its own dwords."""
+    loads = "".join(f"\n\tglobal_load_dword v{1 + i}, v10, s[2:3] offset:{256 * i}" for i in range(8))
+    return ("\n\ts_load_dwordx2 s[2:3], s[0:1], 0x0\n\tv_lshlrev_b32_e32 v10, 2, v0"
+            "\n\ts_waitcnt lgkmcnt(0)\n\ts_load_dwordx4 s[4:7], s[2:3], 0x800" + loads
+            + "\n\ts_waitcnt vmcnt(0) lgkmcnt(0)")
+
+
+def wave_store(register: str, slot: int) -> str:
+    """Thread t's `register` into dword INPUT_DWORDS + THREADS * slot + t."""
+    return (f"\n\tv_add_u32_e32 v11, {4 * (INPUT_DWORDS + THREADS * slot)}, v10"
+            f"\n\tglobal_store_dword v11, {register}, s[2:3]")
+
+
+def wave_inputs(seed: int) -> np.ndarray:
+    """Random bits, ordinary floats and specials, different in every wave."""
+    g = np.random.default_rng(seed)
+    bits = g.integers(0, 2**32, INPUT_DWORDS, dtype=np.uint64).astype(np.uint32)
+    specials = np.array([np.nan, 0.0, -0.0, np.inf, -np.inf, 1e-40, 1.0, -2.0], np.float32).view(np.uint32)
+    pick = g.random(INPUT_DWORDS)
+    values = np.where(pick < 0.5, floats(g, INPUT_DWORDS).view(np.uint32), bits)
+    return np.where(pick > 0.9, g.choice(specials, INPUT_DWORDS), values).astype(np.uint32)
+
+
+def launch_waves(arch: str, body: str, words: int, batched: bool):
+    out = np.zeros(words, np.uint32)
+    out[:INPUT_DWORDS] = wave_inputs(5)
+    machine = Machine(arch, trace=None if batched else (lambda w, ins: None))
+    kernargs = machine.map(out).to_bytes(8, "little")
+    stats = machine.launch(handwritten(arch, body), "hand", block=(THREADS,), kernargs=kernargs)
+    return out, stats
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", list(ALU_CASES))
+def test_batched_alu_forms_match_wave_by_wave(arch, case):
+    code, outputs = ALU_CASES[case]
+    code = with_wait_states(code)
+    body = wave_prologue() + code + "".join(wave_store(reg, i) for i, (reg, _) in enumerate(outputs))
+    words = INPUT_DWORDS + THREADS * len(outputs)
+    batched, stats = launch_waves(arch, body, words, batched=True)
+    alone, alone_stats = launch_waves(arch, body, words, batched=False)
+    assert stats.batched > 0 and alone_stats.batched == 0
+    bad = np.flatnonzero(batched != alone)
+    assert bad.size == 0, (f"dwords {bad[:8].tolist()} (slot, thread) "
+                           f"{[divmod(int(d) - INPUT_DWORDS, THREADS) for d in bad[:4]]}: "
+                           f"batched {batched[bad[:4]]}, wave by wave {alone[bad[:4]]}")
+
 
 NUM_RECORDS = 8136  # bytes the V# admits: lane 63's x4 load at offset 64 keeps 2 of its dwords
 

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from k2back.emu.testing import module, rng, run
+from k2back.emu import Machine
+from k2back.emu.testing import ARCHS, module, rng, run
 
 LANES = 64
 
@@ -197,3 +198,57 @@ def test_gfx950_scaled_16x16x128_f8f6f4(formats, selects):
     layout = f8f6f4_8bit_k if bits_a == 8 else spec_k
     got = run_gemm("gfx950", ir, a, b, 32, bits_a, scales=(sa, sb), k_of=layout)
     assert_gemm_close(got, a_values, b_values)
+
+
+# ---- batching: the waves of a workgroup at one MFMA run it once (state.Batch); the
+# bits must be those of wave by wave (a trace turns batching off), under each model.
+
+THREADS = 512
+
+MFMA = module("""
+define amdgpu_kernel void @mfma(ptr addrspace(1) %a, ptr addrspace(1) %b, ptr addrspace(1) %out) #0 {
+entry:
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  br label %loop
+loop:
+  %kb = phi i32 [ 0, %entry ], [ %kb1, %loop ]
+  %acc = phi <4 x float> [ zeroinitializer, %entry ], [ %acc3, %loop ]
+  %base = mul i32 %kb, 512
+  %idx = add i32 %base, %tid
+  %pa = getelementptr <4 x i16>, ptr addrspace(1) %a, i32 %idx
+  %av = load <4 x i16>, ptr addrspace(1) %pa
+  %pb = getelementptr i64, ptr addrspace(1) %b, i32 %idx
+  %bv = load i64, ptr addrspace(1) %pb
+  %acc1 = call <4 x float> @llvm.amdgcn.mfma.f32.16x16x16bf16.1k(<4 x i16> %av, <4 x i16> %av, <4 x float> %acc, i32 0, i32 0, i32 0)
+  %acc2 = call <4 x float> @llvm.amdgcn.mfma.f32.16x16x32.fp8.fp8(i64 %bv, i64 %bv, <4 x float> %acc1, i32 0, i32 0, i32 0)
+  %acc3 = call <4 x float> @llvm.amdgcn.mfma.f32.16x16x16bf16.1k(<4 x i16> %av, <4 x i16> %av, <4 x float> %acc2, i32 0, i32 0, i32 0)
+  %kb1 = add i32 %kb, 1
+  %more = icmp ult i32 %kb1, 4
+  br i1 %more, label %loop, label %exit
+exit:
+  %po = getelementptr <4 x float>, ptr addrspace(1) %out, i32 %tid
+  store <4 x float> %acc3, ptr addrspace(1) %po
+  ret void
+}
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare <4 x float> @llvm.amdgcn.mfma.f32.16x16x16bf16.1k(<4 x i16>, <4 x i16>, <4 x float>, i32, i32, i32)
+declare <4 x float> @llvm.amdgcn.mfma.f32.16x16x32.fp8.fp8(i64, i64, <4 x float>, i32, i32, i32)
+""")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("accumulate", ["exact", "blocked"])
+def test_batched_mfma_matches_wave_by_wave(arch, accumulate):
+    g = np.random.default_rng(9)
+    a = g.integers(0, 2**16, 4 * THREADS * 4, dtype=np.int64).astype(np.uint16)
+    a[(a & 0x7F80) == 0x7F80] = 0x3F80  # finite bf16 (exact sums need no NaN)
+    b = g.integers(0, 2**8, 4 * THREADS * 8, dtype=np.int64).astype(np.uint8)
+    outs = []
+    for batched in (True, False):
+        out = np.zeros(THREADS * 4, np.float32)
+        machine = Machine(arch, mfma_accumulate=accumulate, trace=None if batched else (lambda w, ins: None))
+        stats = run(MFMA, arch, "mfma", {"a": a.copy(), "b": b.copy(), "out": out}, grid=(2,),
+                    block=(THREADS,), machine=machine)
+        assert (stats.instructions["mfma"] == 2 * 8 * 4 * 3) and (stats.batched > 0) == batched
+        outs.append(out.view(np.uint32))
+    assert np.array_equal(*outs), np.flatnonzero(outs[0] != outs[1])[:8]

@@ -129,6 +129,8 @@ def test_kernel_edge_cases(arch, edge):
     ("gfx942", 4, 2, 2), ("gfx950", 4, 2, 2), ("gfx942", 8, 1, 0),
     # 3 and 4 wo_b tasks a CTA, their weights all in flight at once
     ("gfx942", 4, 16, 2), ("gfx950", 4, 16, 2),
+    # three MFMA token tiles
+    ("gfx942", 4, 48, 2), ("gfx950", 4, 48, 2),
 ])
 def test_kernel_v41_flash(arch, tp, tokens, ratio):
     """V4.1-Flash with the defaults: the caches as vLLM writes them on the arch
@@ -138,6 +140,14 @@ def test_kernel_v41_flash(arch, tp, tokens, ratio):
     assert spec.wo_b.batch  # as the cases promise
     assert (spec.swa_fp8, spec.comp_fp8) == VLLM_KEY_FP8[arch]
     launch_and_check("v4.1-flash", tp, tokens, ratio, arch, inputs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_kernel_v4_pro(arch):
+    """V4-Pro (128 heads, hidden 7168) at TP 8, one token, the caches as vLLM writes them."""
+    inputs = make_inputs("v4-pro", 8, 1, 2, seed=4, arch=arch)
+    launch_and_check("v4-pro", 8, 1, 2, arch, inputs)
 
 
 @pytest.mark.slow

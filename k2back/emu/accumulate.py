@@ -37,8 +37,8 @@ def accumulate(mode: str, a: np.ndarray, b: np.ndarray, c: np.ndarray, a_min_exp
     (scales applied) in k order, float64; c: [m, n] f32. The min exponents (of the
     element formats, scales added; scalars or arrays like a / b) place subnormal
     elements as MMA-Sim does."""
-    if mode == "exact":
-        return (a @ b.T + c).astype(np.float32)
+    if mode == "exact":  # (over a leading axis of waves too)
+        return (a @ np.swapaxes(b, -1, -2) + c).astype(np.float32)
     products = a.T[:, :, None] * b.T[:, None, :]  # [K, m, n]: k first, exact
     if mode == "sequential":
         return _sequential(products, c)

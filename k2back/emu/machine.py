@@ -1,11 +1,15 @@
 """The machine: memory map, launch set-up from the kernel descriptor, and the scheduler.
 
 Scheduling: every workgroup of a launch is resident. Waves run round-robin in
-quanta of `quantum` instructions, workgroups in `order`. A wave gives up the
-rest of its quantum at `s_sleep N` (and then sits out N rounds, unless a store
-reaches the line it polls: coherence.py), at `s_barrier` (until every live wave
-of its workgroup arrived), at `s_endpgm`, and when an `s_waitcnt` stops between
-two stores it retires (inflight.py): it retries that s_waitcnt on its next turn.
+quanta of `quantum` instructions, workgroups in `order`; within a workgroup's
+turn the waves at the lowest PC go first, and several waves at one VALU or MFMA
+instruction run it once over [waves, 64] lanes (`Machine._run_turn`). A wave
+gives up the rest of its quantum at `s_sleep N` (and then sits out N rounds,
+unless a store reaches the line it polls: coherence.py), at `s_barrier` (until
+every live wave of its workgroup arrived), at `s_endpgm`, and when an
+`s_waitcnt` stops between two stores it retires (inflight.py): it retries that
+s_waitcnt on its next turn. A workgroup's turn ends when one of its waves
+performs stores, before its other waves perform theirs.
 
 Memory (`memory=`): "strict", the default, is the GFX942 memory model with every
 freedom taken against the kernel (coherence.py: per-XCD L2s, per-CU L1 and
@@ -44,7 +48,7 @@ from .memops import decode_buffer, decode_ds, decode_global, decode_smem
 from .memory import GlobalMemory
 from .operands import parse, scalar_reader, scalar_writer
 from .salu import decode_branch, decode_sop
-from .state import LANES, M64, Wave, Workgroup
+from .state import LANES, M64, Workgroup
 from .valu import decode_valu
 
 ARCH_LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -73,6 +77,7 @@ class Stats:
     modeled_ns: float | None = None  # timing mode: launch start to the last wave's end
     spans: dict = dataclasses.field(default_factory=dict)  # timing: workgroup -> (start, end) ns
     timeline: dict = dataclasses.field(default_factory=dict)  # timing + regions: timing.Timing.timeline
+    batched: int = 0  # wave-instructions executed once for several waves (state.Batch)
 
     @property
     def total_polls(self) -> int:
@@ -81,7 +86,8 @@ class Stats:
     def report(self) -> str:
         """A human-readable summary: instruction mix, bytes per buffer, sync."""
         lines = [(f"{self.workgroups} workgroups, {self.waves} waves, "
-                  f"{self.wave_instructions:,} wave-instructions in {self.rounds} rounds")]
+                  f"{self.wave_instructions:,} wave-instructions in {self.rounds} rounds "
+                  f"({self.batched:,} of them batched)")]
         lines += [f"  {cls:<12} {count:>12,}" for cls, count in self.instructions.items()]
         for name in sorted(set(self.bytes_read) | set(self.bytes_written)):
             read, written = self.bytes_read.get(name, 0), self.bytes_written.get(name, 0)
@@ -193,6 +199,7 @@ class Machine:
         self.stall_rounds = stall_rounds
         self.max_wave_instructions = max_wave_instructions
         self.trace = trace
+        self.batching = trace is None  # several waves at one instruction run it once (_run_turn)
         self.memory = GlobalMemory()
         self._clock = 0
         self._progress = False
@@ -226,14 +233,22 @@ class Machine:
         mem = MEMORY[self.memory_model](self.memory, self._wake_now)  # caches start empty
         ctx = DecodeContext(self, kernel, setup.accum_offset, stats, mem)
         code, classes = self._decode(kernel, ctx)
-        code = hazards.instrument(kernel, code, self.arch, setup.accum_offset)
+        checked = hazards.instrument(kernel, code, self.arch, setup.accum_offset)
+        batchable = [getattr(run, "batchable", False) and run is checked[pc] for pc, run in enumerate(code)]
+        # where a wave running alone stops to let the scheduler choose again: before
+        # a batchable instruction, and before every memory or synchronising one
+        stops = [batch or cls not in SOLO_CLASSES for batch, cls in zip(batchable, classes)]
+        code = checked
         self._timer = timer = self._timing(kernel, classes, mem)
         scoreboard = inflight.Scoreboard(kernel, setup.accum_offset)
         launch_buffers = [self.memory.map(array, name) for name, array in setup.launch_buffers.items()]
         try:
             groups = setup.workgroups(*launch_buffers, _order(order, grid), mem)
             with np.errstate(all="ignore"):  # integer wrap-around and IEEE specials are the ISA's
-                (timer.schedule if timer else self._schedule)(groups, code, kernel, stats, scoreboard)
+                if timer is not None:  # timing mode: waves one at a time, in modeled time order
+                    timer.schedule(groups, code, kernel, stats, scoreboard)
+                else:
+                    self._schedule(groups, code, (batchable, stops), kernel, stats, scoreboard)
             mem.end()
         finally:
             for base in launch_buffers:
@@ -269,42 +284,122 @@ class Machine:
         classes.append("none")
         return code, classes
 
-    def _schedule(self, groups, code, kernel, stats: Stats, scoreboard) -> None:
-        waves = [w for g in groups for w in g.waves]
+    def _schedule(self, groups, code, steps, kernel, stats: Stats, scoreboard) -> None:
         hits = self._hits = [0] * len(code)
-        live = [w for w in waves if not w.done]
+        self._batched = 0
+        live = [g for g in groups if not all(w.done for w in g.waves)]
         quiet_rounds, round_number, executed = 0, 0, 0
         wake = self._wake = {}
         while live:
             round_number += 1
             self._progress = False
-            for w in live:
-                if w.waiting or wake.get(w, 0) > round_number:
-                    continue
-                ran, reason = self._run_quantum(w, code, hits, kernel, scoreboard)
-                executed += ran
-                if reason == "sleep":
-                    wake[w] = round_number + 1 + w.sleep_rounds
-                elif reason == "quantum":
-                    self._progress = True
-            live = [w for w in live if not w.done]
+            def ready(w, now=round_number):
+                return not (w.done or w.waiting or wake.get(w, 0) > now)
+            for g in live:
+                for w, ran, reason in self._run_turn(g, ready, code, steps, hits, kernel, scoreboard):
+                    executed += ran
+                    if reason == "sleep":
+                        wake[w] = round_number + 1 + w.sleep_rounds
+                    elif reason == "quantum":
+                        self._progress = True
+            live = [g for g in live if not all(w.done for w in g.waves)]
             quiet_rounds = 0 if self._progress else quiet_rounds + 1
             if live and quiet_rounds > self.stall_rounds:
-                raise Deadlock(_deadlock_report(live, kernel, f"no progress for {quiet_rounds} "
-                                                               "scheduling rounds"))
+                raise Deadlock(_deadlock_report(_live_waves(live), kernel, f"no progress for {quiet_rounds} "
+                                                                           "scheduling rounds"))
             if live and executed > self.max_wave_instructions:  # a spin without s_sleep
-                raise Deadlock(_deadlock_report(live, kernel, f"more than {self.max_wave_instructions:,} "
-                                                               "wave-instructions"))
-        stats.rounds = round_number
+                raise Deadlock(_deadlock_report(_live_waves(live), kernel,
+                                                f"more than {self.max_wave_instructions:,} wave-instructions"))
+        stats.rounds, stats.batched = round_number, self._batched
         self._clock += executed
 
-    def _run_quantum(self, w, code, hits, kernel, scoreboard):
-        """Run `w` for up to one quantum; returns (instructions run, why it stopped)."""
-        budget, trace, touches, timer = self.quantum, self.trace, scoreboard.touches, self._timer
+    def _run_turn(self, group, ready, code, steps, hits, kernel, scoreboard):
+        """One round's turn of a workgroup: each wave that is `ready` runs up to a
+        quantum; yields (wave, instructions run, why it stopped).
+
+        This is where the machine picks what runs next. Wave by wave, in order,
+        when fewer than two are ready or `batching` is off (a trace turns it
+        off): a wave released by a barrier or woken during the turn runs in it if
+        its place comes later.
+        Otherwise the waves at the lowest PC: when several are there and the
+        instruction is batchable, it runs once over each contiguous run of them
+        (state.Batch); else each of them runs alone up to its next stop (`steps`:
+        batchable instructions; stops, those and every memory or synchronising
+        instruction, so that waves reach those in wave order, lowest PC first);
+        waves that become ready join the turn. When a wave performs stores (an
+        s_waitcnt, an atomic), the turn ends: other workgroups see them before the
+        stores the workgroup's other waves have issued meanwhile perform."""
+        turn = [w for w in group.waves if ready(w)]
+        if len(turn) < 2 or not self.batching:
+            for w in group.waves:
+                if ready(w):
+                    yield w, *self._run_quantum(w, code, hits, kernel, scoreboard, self.quantum)
+            return
+        budget = dict.fromkeys(turn, self.quantum)
+        batchable, stops = steps
+        touches = scoreboard.touches
+        while turn:
+            pc = min(w.pc for w in turn)
+            at = [w for w in turn if w.pc == pc]
+            stopped, performed = {}, False
+            if len(at) > 1 and batchable[pc]:
+                for w in at:
+                    if w.pending & touches[pc]:
+                        scoreboard.check(w, pc)
+                self._run_batched(group, at, code[pc], kernel, pc)
+                hits[pc] += len(at)
+                self._batched += len(at)
+                for w in at:
+                    w.pc = pc + 1
+                    budget[w] -= 1
+                    if not budget[w]:
+                        stopped[w] = "quantum"
+            else:
+                for w in at:
+                    unperformed = w.unperformed
+                    ran, reason = self._run_quantum(w, code, hits, kernel, scoreboard, budget[w], stops)
+                    budget[w] -= ran
+                    performed = performed or w.unperformed < unperformed
+                    if reason:
+                        stopped[w] = reason
+                if performed:  # other workgroups see those stores before this one's other
+                    stopped = {w: stopped.get(w, "yield") for w in turn}  # waves perform theirs
+            for w, reason in stopped.items():
+                yield w, self.quantum - budget[w], reason
+                turn.remove(w)
+            if stopped and not performed:  # a barrier released, a sleeper woken
+                joining = [w for w in group.waves if w not in budget and ready(w)]
+                if joining:
+                    budget.update(dict.fromkeys(joining, self.quantum))
+                    turn = sorted(turn + joining, key=lambda w: w.index)
+
+    @staticmethod
+    def _run_batched(group, waves, run, kernel, pc) -> None:
+        """Run the instruction at `pc` once for each contiguous run of `waves`."""
+        first = 0
+        for k in range(1, len(waves) + 1):
+            if k == len(waves) or waves[k].index != waves[k - 1].index + 1:
+                batch = group.batch(waves[first].index, waves[k - 1].index + 1) if k - first > 1 else waves[first]
+                try:
+                    run(batch)
+                except EmulatorError as error:
+                    raise type(error)(f"{error} [{batch.name}]") from error
+                except Exception as error:  # numpy/indexing failures inside an instruction
+                    raise EmulatorError(f"{type(error).__name__}: {error} at "
+                                        f"{kernel.instructions[pc].where()} [{batch.name}]") from error
+                first = k
+
+    def _run_quantum(self, w, code, hits, kernel, scoreboard, budget, stops=None):
+        """Run `w` for up to `budget` instructions, stopping before one of `stops`
+        (not the first) if given; returns (instructions run, why it stopped: None
+        when at a stop)."""
+        trace, touches, quantum, timer = self.trace, scoreboard.touches, budget, self._timer
         pc = w.pc
         try:
             while budget:
                 pc = w.pc
+                if stops is not None and budget < quantum and stops[pc]:
+                    return quantum - budget, None
                 if w.pending & touches[pc]:
                     scoreboard.check(w, pc)
                 w.pc = pc + 1
@@ -312,13 +407,13 @@ class Machine:
                 budget -= 1
                 signal = code[pc](w)
                 if timer is not None and timer.executed(w, pc, signal) and not signal:
-                    return self.quantum - budget, "time"  # past the timed scheduler's window
+                    return quantum - budget, "time"  # past the timed scheduler's window
                 if trace is not None:
                     trace(w, kernel.instructions[pc] if pc < len(kernel.instructions) else None)
                 if signal:
                     if signal == "retry":  # not done: the same instruction next turn
                         w.pc, hits[pc], budget = pc, hits[pc] - 1, budget + 1
-                    return self.quantum - budget, signal
+                    return quantum - budget, signal
         except EmulatorError as error:
             if "wave" in str(error):
                 raise
@@ -327,7 +422,7 @@ class Machine:
             ins = kernel.instructions[pc] if pc < len(kernel.instructions) else None
             where = ins.where() if ins else "past the end"
             raise EmulatorError(f"{type(error).__name__}: {error} at {where} [{w.name}]") from error
-        return self.quantum, "quantum"
+        return quantum, "quantum"
 
     def _finish(self, stats: Stats, classes, groups) -> None:
         counts = collections.Counter()
@@ -374,6 +469,10 @@ def _raiser(error, ins):
     def raise_it(w):
         raise kind(message)
     return raise_it
+
+
+def _live_waves(groups) -> list:
+    return [w for g in groups for w in g.waves if not w.done]
 
 
 def _deadlock_report(live, kernel, reason: str) -> str:
@@ -558,33 +657,35 @@ class LaunchSetup:
         system = [axis for axis in "xyz" if d(f"system_sgpr_workgroup_id_{axis}", 0)]
         if d("system_sgpr_workgroup_info", 0):
             raise UnsupportedInstruction("workgroup_info system SGPR is not modelled")
-        tid_components = d("system_vgpr_workitem_id", 0) + 1
+        v0 = self._work_item_ids(d("system_vgpr_workitem_id", 0) + 1)
+        execs = [M64 >> (LANES - min(LANES, self.threads - index * LANES)) for index in range(len(v0))]
         gx, gy, _ = self.grid
         groups = []
         for linear in order:
             group_id = (linear % gx, (linear // gx) % gy, linear // (gx * gy))
-            group = Workgroup(linear, group_id, self.lds_bytes, mem.cu(linear))
+            group = Workgroup(linear, group_id, self.lds_bytes, mem.cu(linear), len(v0), self.vector_registers)
+            group.registers[:, 0] = v0
             sgprs = user + [group_id["xyz".index(axis)] for axis in system]
-            for index in range((self.threads + LANES - 1) // LANES):
-                group.waves.append(self._wave(group, index, sgprs, tid_components))
+            for w, exec_mask in zip(group.waves, execs):
+                w.s[: len(sgprs)] = sgprs
+                w.set_exec(exec_mask)
             groups.append(group)
         return groups
 
-    def _wave(self, group, index, sgprs, tid_components) -> Wave:
-        w = Wave(group, index, self.vector_registers)
-        w.s[: len(sgprs)] = sgprs
-        thread = index * LANES + np.arange(LANES)
+    def _work_item_ids(self, components: int) -> np.ndarray:
+        """v0 of every wave of a workgroup, [waves, 64]: gfx90a+ packs the work-item
+        ids into it, x[9:0], y[19:10], z[29:20]."""
+        thread = np.arange(-(-self.threads // LANES) * LANES).reshape(-1, LANES)
         bx, by, _ = self.block
         ids = (thread % bx, (thread // bx) % by, thread // (bx * by))
-        # gfx90a+ packs the work-item ids into v0: x[9:0], y[19:10], z[29:20].
-        v0 = np.zeros(LANES, np.uint32)
-        for axis in range(tid_components):
+        v0 = np.zeros(thread.shape, np.uint32)
+        for axis in range(components):
             v0 |= (ids[axis] << (10 * axis)).astype(np.uint32)
-        w.r[0] = v0
-        active = min(LANES, self.threads - index * LANES)
-        w.set_exec(M64 >> (LANES - active))
-        return w
+        return v0
 
+
+# classes a wave may run alone between scheduler choices (machine.Machine._run_turn)
+SOLO_CLASSES = frozenset(("salu", "branch", "nop", "valu"))
 
 # mnemonic prefix -> instruction class (the counters' key) and decoder; first match wins.
 DISPATCH = (

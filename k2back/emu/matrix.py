@@ -66,9 +66,22 @@ def decode_mfma(ins, ctx):
         if form.scaled:
             extra["scale_a"] = np.broadcast_to(read_scale_a(w), (64,))
             extra["scale_b"] = np.broadcast_to(read_scale_b(w), (64,))
-        result = form(r[a_row:a_row + na].T, r[b_row:b_row + nb].T, read_c(w), **mods, **extra)
-        r[d_row:d_row + nc] = result.T.view(U32)
+        result = form(_lane_major(r[a_row:a_row + na]), _lane_major(r[b_row:b_row + nb]), read_c(w),
+                      **mods, **extra)
+        r[d_row:d_row + nc] = _register_major(result).view(U32)
+    if not form.scaled:  # a Batch's registers are [register, wave, lane]
+        run.batchable = True
     return run
+
+
+def _lane_major(rows: np.ndarray) -> np.ndarray:
+    """Register rows [regs, 64] -> [64, regs]; a Batch's [regs, waves, 64] -> [waves, 64, regs]."""
+    return rows.T if rows.ndim == 2 else rows.transpose(1, 2, 0)
+
+
+def _register_major(lanes: np.ndarray) -> np.ndarray:
+    """The inverse of _lane_major."""
+    return lanes.T if lanes.ndim == 2 else lanes.transpose(2, 0, 1)
 
 
 def _pair(text, default: int):
@@ -84,4 +97,4 @@ def _accumulator(ctx, op, count, ins):
         constant = np.full((64, count), value, np.float32)
         return lambda w: constant
     row = ctx.vector_row(op, count, ins)
-    return lambda w: w.r[row:row + count].T.view(np.float32)
+    return lambda w: _lane_major(w.r[row:row + count]).view(np.float32)

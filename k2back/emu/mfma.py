@@ -136,7 +136,7 @@ def _accumulator_gather(m: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _check_regs(name: str, regs: np.ndarray, count: int) -> None:
-    if regs.shape != (WAVE, count):
+    if regs.shape[-2:] != (WAVE, count):
         raise ValueError(f"{name}: expected registers of shape ({WAVE}, {count}), got {regs.shape}")
 
 
@@ -162,9 +162,11 @@ class _Placement:
     gather: np.ndarray  # [m, k] indices into the lane-major unpacked values
 
     def matrix(self, regs: np.ndarray) -> np.ndarray:
-        """Registers -> the [m, k] matrix of row (A) / column (B) values, float64."""
+        """Registers [..., 64, regs] -> the [..., m, k] matrices of row (A) / column (B)
+        values, float64."""
         _check_regs(self.name, regs, self.regs)
-        return self.element.unpack(regs).astype(np.float64).reshape(-1)[self.gather]
+        values = self.element.unpack(regs.reshape(-1, self.regs)).astype(np.float64)
+        return values.reshape(*regs.shape[:-2], -1)[..., self.gather]
 
 
 @dataclass(frozen=True)
@@ -237,7 +239,9 @@ class MfmaForm:
         scale_b_byte: int = 0,
         accumulate: str = "exact",
     ) -> np.ndarray:
-        """`accumulate`: how the products are summed (`k2back.emu.accumulate.MODES`)."""
+        """`accumulate`: how the products are summed (`k2back.emu.accumulate.MODES`).
+        a, b, c: [64, regs] of one wave, or [waves, 64, regs] of several (unscaled
+        forms), giving [waves, 64, c_regs]."""
         if abid:
             raise ValueError(f"{self.mnemonic}: expected abid 0, got {abid}")
         a_place, b_place = self._placement("a", cbsz), self._placement("b", blgp)
@@ -252,10 +256,16 @@ class MfmaForm:
         elif scale_a is not None or scale_b is not None:
             raise ValueError(f"{self.mnemonic}: takes no scale operands")
         to_matrix, to_lanes = _accumulator_gather(self.m)
-        c_matrix = np.asarray(c, dtype=np.float32).reshape(-1)[to_matrix]
+        waves = a.shape[:-2]
+        c = np.broadcast_to(np.asarray(c, dtype=np.float32), (*waves, WAVE, self.c_regs))
+        c_matrix = c.reshape(*waves, -1)[..., to_matrix]
         eight_bit = max(a_place.element.bits, b_place.element.bits) <= 8
-        d = accumulate_products(accumulate, a_matrix, b_matrix, c_matrix, a_min, b_min, eight_bit)
-        return d.reshape(-1)[to_lanes]
+        if waves and accumulate != "exact":  # the other models take one wave at a time
+            d = np.stack([accumulate_products(accumulate, a_matrix[i], b_matrix[i], c_matrix[i],
+                                              a_min, b_min, eight_bit) for i in range(waves[0])])
+        else:
+            d = accumulate_products(accumulate, a_matrix, b_matrix, c_matrix, a_min, b_min, eight_bit)
+        return d.reshape(*waves, -1)[..., to_lanes]
 
 
 # mnemonic, M, K, A element, B element ('f8f6f4': by cbsz/blgp), scaled, archs

@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from .errors import UnsupportedInstruction
-from .state import M0, M32, VCC, int_to_mask, mask_to_int
+from .state import LANES, M0, M32, VCC, lane_masks, mask_to_int
 
 MASK = "mask"
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -163,7 +163,7 @@ def vector_reader(op: Operand, dtype, where: str, high: bool = False):
     """fn(wave) -> lanes (array [64] or scalar) of `dtype`; `high` = op_sel upper half."""
     if dtype is MASK:
         read = scalar_reader(op, 64, where)
-        return lambda w: int_to_mask(read(w))
+        return lambda w: lane_masks(read(w))
     return with_modifiers(op, _vector_value(op, np.dtype(dtype), where, high), np.dtype(dtype))
 
 
@@ -226,7 +226,11 @@ def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high:
         write = scalar_writer(op, 64, where)
 
         def write_mask(w, m):
-            if np.ndim(m) == 0:  # a uniform result (both compare operands scalar)
+            if w.waves is not None:  # a Batch: each wave its row
+                rows = np.broadcast_to(m, (len(w.waves), LANES))
+                for wave, row in zip(w.waves, rows):
+                    write_mask(wave, row)
+            elif np.ndim(m) == 0:  # a uniform result (both compare operands scalar)
                 write(w, w.exec if m else 0)
             else:
                 write(w, mask_to_int(m) & w.exec)

@@ -12,6 +12,8 @@ M32 = 0xFFFFFFFF
 M64 = 0xFFFFFFFFFFFFFFFF
 ALL_LANES = np.ones(LANES, dtype=bool)
 ALL_LANES.flags.writeable = False
+ALL_WAVES = np.ones((16, LANES), dtype=bool)  # a Batch's exec mask when every lane is on
+ALL_WAVES.flags.writeable = False
 
 # SGPR-file slots of the named scalar registers (their gfx9 operand encodings).
 VCC, M0 = 106, 124
@@ -20,6 +22,15 @@ SGPR_SLOTS = 128
 
 def mask_to_int(mask: np.ndarray) -> int:
     return int(np.packbits(mask, bitorder="little").view("<u8")[0])
+
+
+def lane_masks(value):
+    """The lane mask(s) of an exec/vcc value: [64] for an int, [waves, 64] for a
+    column of per-wave values (a Batch's SGPRs)."""
+    if type(value) is int:
+        return int_to_mask(value)
+    raw = np.asarray(value, "<u8").reshape(-1, 1).view(np.uint8)
+    return np.unpackbits(raw, axis=1, bitorder="little").view(bool)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -65,9 +76,11 @@ class Wave:
         "waiting",
     )
 
-    def __init__(self, group, index: int, vector_registers: int):
+    waves = None  # not a Batch
+
+    def __init__(self, group, index: int, registers: np.ndarray):
         self.s = [0] * SGPR_SLOTS
-        self.r = np.zeros((vector_registers, LANES), dtype=np.uint32)
+        self.r = registers  # its rows of the workgroup's register array
         self.f = self.r.view(np.float32)  # the same registers seen as f32 / i32 lanes
         self.i = self.r.view(np.int32)
         self.scc = 0
@@ -100,12 +113,75 @@ class Wave:
 
 
 class Workgroup:
-    __slots__ = ("arrived", "cu", "id", "index", "lds", "waves")
+    """Its waves' vector registers are one array [waves, registers, 64], so that
+    a run of waves at the same instruction executes it once (Batch)."""
 
-    def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int, cu=None):
+    __slots__ = ("arrived", "batches", "cu", "id", "index", "lds", "registers", "waves")
+
+    def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int, cu=None,
+                 waves: int = 1, vector_registers: int = 1):
         self.index = index
         self.cu = cu  # its compute unit's caches (coherence.Cu)
         self.id = group_id
         self.lds = np.zeros(max(lds_bytes, 4), dtype=np.uint8)
-        self.waves: list[Wave] = []
+        self.registers = np.zeros((waves, vector_registers, LANES), dtype=np.uint32)
+        self.waves: list[Wave] = [Wave(self, i, self.registers[i]) for i in range(waves)]
+        self.batches = {}  # (first wave, last wave + 1) -> Batch
         self.arrived = 0
+
+    def batch(self, first: int, stop: int) -> Batch:
+        """Waves first..stop-1 as one Batch (made once; its exec mask read now)."""
+        batch = self.batches.get((first, stop))
+        if batch is None:
+            batch = self.batches[first, stop] = Batch(self, first, stop)
+        batch.read_exec()
+        return batch
+
+
+class Batch:
+    """Waves first..stop-1 of a workgroup, all at the same instruction, seen as one
+    wave of [waves, 64] lanes by a VALU or MFMA closure: vector registers are
+    views [register, wave, lane] of the workgroup's array, the exec mask is
+    [waves, 64], and an SGPR reads as an int when the waves agree on it, else as
+    a column [waves, 1]; a mask destination is written wave by wave
+    (operands.vector_writer)."""
+
+    __slots__ = ("all_lanes", "f", "full", "i", "mask", "r", "s", "waves")
+
+    def __init__(self, group: Workgroup, first: int, stop: int):
+        self.waves = group.waves[first:stop]
+        self.r = group.registers[first:stop].transpose(1, 0, 2)
+        self.f, self.i = self.r.view(np.float32), self.r.view(np.int32)
+        self.all_lanes = ALL_WAVES[: stop - first]
+        self.s = _BatchScalars(self.waves)
+
+    def read_exec(self) -> None:
+        self.full = all(w.full for w in self.waves)
+        self.mask = self.all_lanes if self.full else np.array([w.mask for w in self.waves])
+
+    @property
+    def exec(self):
+        return _agreed([w.exec for w in self.waves])
+
+    @property
+    def name(self) -> str:
+        w = self.waves[0]
+        return f"workgroup {w.group.index} waves {w.index}-{self.waves[-1].index}"
+
+
+class _BatchScalars:
+    __slots__ = ("waves",)
+
+    def __init__(self, waves):
+        self.waves = waves
+
+    def __getitem__(self, i):
+        return _agreed([w.s[i] for w in self.waves])
+
+
+def _agreed(values: list):
+    first = values[0]
+    for value in values:
+        if value != first:
+            return np.array(values, np.uint64).reshape(-1, 1)
+    return first

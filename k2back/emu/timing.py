@@ -398,7 +398,7 @@ class Timing:
             self.limit = (heap[0][0] if heap else math.inf) + WINDOW_NS
             machine._progress = False
             start_pc = w.pc
-            ran, reason = machine._run_quantum(w, code, hits, kernel, scoreboard)
+            ran, reason = machine._run_quantum(w, code, hits, kernel, scoreboard, machine.quantum)
             executed, turns = executed + ran, turns + 1
             clock[w] = self.t
             g = w.group

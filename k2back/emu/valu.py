@@ -142,9 +142,17 @@ def decode_valu(ins, ctx):
     if base.startswith("v_cmpx"):  # the mask goes to sdst and to exec
         fn = _twice(fn)
         writes.append(lambda w, m: w.set_exec(w.exec & mask_to_int(np.broadcast_to(m, (LANES,)))))
+        return _run(fn, reads, writes)
     if encoding == "dpp":
         return _dpp(ins, fn, reads, writes)
-    return _run(fn, reads, writes)
+    return batchable(_run(fn, reads, writes)) if encoding != "sdwa" else _run(fn, reads, writes)
+
+
+def batchable(run):
+    """Mark a closure that computes lane-wise from registers, constants and SGPRs
+    and writes VGPRs or masks: it may run on a state.Batch of waves."""
+    run.batchable = True
+    return run
 
 
 def _clamped(fn):
@@ -303,7 +311,7 @@ def _decode_packed(ins, ctx, base):
             a, b = np.array(lo[0](w)), np.array(high(w))  # copies: the halves may overlap
             write_lo(w, a)
             write_hi(w, b)
-        return pk_mov
+        return batchable(pk_mov)
     if dtype.itemsize == 4:
         write_lo = vector_writer(_register(dst, 0), dtype, where)
         write_hi = vector_writer(_register(dst, 1), dtype, where)
@@ -313,7 +321,7 @@ def _decode_packed(ins, ctx, base):
             b = fn(*[r(w) for r in hi])
             write_lo(w, a)
             write_hi(w, b)
-        return pk32
+        return batchable(pk32)
     write = vector_writer(dst, np.dtype(U32), where)
 
     def pk16(w):

@@ -73,14 +73,18 @@ def _perm(a, b, sel):
         halves = _PERM_HALVES.get(int(sel))
         if halves is not None:
             return halves(a, b)
-    pair = np.empty((LANES, 2), U32)
-    pair[:, 0], pair[:, 1] = b, a
-    pool = np.zeros((LANES, 16), np.uint8)
+    a, b, sel = np.broadcast_arrays(np.asarray(a, U32), np.asarray(b, U32), np.asarray(sel, U32))
+    shape = a.shape if a.ndim else (LANES,)
+    count = int(np.prod(shape))
+    pair = np.empty((count, 2), U32)
+    pair[:, 0], pair[:, 1] = np.broadcast_to(b, shape).reshape(-1), np.broadcast_to(a, shape).reshape(-1)
+    pool = np.zeros((count, 16), np.uint8)
     pool[:, :8] = pair.view(np.uint8)  # src1 bytes, then src0 bytes
     pool[:, 8:12] = np.where(pool[:, 1:8:2] & 0x80, 0xFF, 0)
     pool[:, 13:] = 0xFF
-    picks = np.minimum(lanes(sel).view(np.uint8).reshape(LANES, 4), 15)
-    return np.ascontiguousarray(pool[LANE[:, None], picks]).view(U32)[:, 0]
+    picks = np.minimum(np.ascontiguousarray(np.broadcast_to(sel, shape).reshape(-1)).view(np.uint8)
+                       .reshape(count, 4), 15)
+    return np.ascontiguousarray(pool[np.arange(count)[:, None], picks]).view(U32)[:, 0].reshape(shape)
 
 
 def _perm_halves(low: int, high: int):
