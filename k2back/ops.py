@@ -45,11 +45,12 @@ def backend_for(device: torch.device):
         ) from None
 
 
-def build(config: Config, stages=None):
+def build(config: Config, stages=None, *, timeline: bool = False):
     """(spec, compiled kernel) of one configuration, from the disk cache when
-    warm; `stages` a subset of the four (stage-level tests). The arch's
+    warm; `stages` a subset of the four (stage-level tests); `timeline` the
+    build that stamps each task (k2back.profile.stamped_tasks). The arch's
     target-ID features change the build and its key, not the plan."""
-    spec = plan(config)
+    spec = plan(config, timeline=timeline)
     return spec, compile_source(KernelSource(spec, stages, target_id=config.arch))
 
 

@@ -12,7 +12,9 @@ ran each stage and how long it polled flags. Beside it, two bounds:
 `modeled / (roofline + floor)` is the ratio the planner is tuned toward.
 Stages are found in the kernel's asm: LLVM prints each IR block's name beside its
 label (`; %combine.wait.poll`); code after a stage's first block belongs to it.
-A CTA's span of a stage covers all its tasks of that stage (no per-task stamps).
+A CTA's span of a stage covers all its tasks of that stage. A `timeline` build
+(plan(..., timeline=True)) stamps each task itself: `stamped_tasks` reads them
+back from the launch's scratch, the same way from the emulator and from a GPU.
 """
 
 from __future__ import annotations
@@ -145,6 +147,48 @@ def critical_path(ctas: dict) -> list[tuple[int, str, float, float]]:
         before, cta = max(ends)
         stage_index -= 1
     return path[::-1]
+
+
+@dataclasses.dataclass(frozen=True)
+class StampedTask:
+    """One task's stamps of a `timeline` build, in ns of s_memrealtime."""
+
+    cta: int
+    stage: str
+    task: int
+    begin_ns: float
+    wait_ns: float | None  # its flag wait ended (None: the task waits on no flag)
+    end_ns: float
+
+
+def waits_on_flags(stage: str, nth: int) -> bool:
+    """Whether a CTA's `nth` task of `stage` ends a flag wait (kernel.ll.j2):
+    every combine and wo_a task; wo_b's first task on a CTA."""
+    return stage in ("combine", "wo_a") or (stage == "wo_b" and nth == 0)
+
+
+def stamped_tasks(spec, scratch, tick_hz: float) -> list[StampedTask]:
+    """The tasks of a launch of a `timeline` build (`spec.timeline`) from its
+    scratch's `timeline` region, s_memrealtime ticks of `tick_hz` in ns: for
+    each CTA the tasks it ran of each stage (the plan's task tables), in order."""
+    import torch
+
+    if not spec.timeline:
+        raise ValueError(f"spec: expected a timeline build (plan(..., timeline=True)), got {spec.name}")
+    from k2back.codegen.plan import TASK_STAMPS
+
+    rows = spec.view(scratch, "timeline", torch.int64, (spec.blocks, -1)).cpu().tolist()
+    ns = 1e9 / tick_hz
+    out = []
+    for name in STAGES:
+        tasks, first, spread = spec.stage_tasks[name]
+        slot0 = spec.stamp_rows[name][0]
+        for t in range(tasks):
+            cta, nth = (first + t % spread) % spec.blocks, t // spread
+            begin, wait, end = rows[cta][slot0 + nth * len(TASK_STAMPS):][:len(TASK_STAMPS)]
+            out.append(StampedTask(cta, name, t, begin * ns,
+                                   wait * ns if waits_on_flags(name, nth) else None, end * ns))
+    return sorted(out, key=lambda s: (s.cta, s.begin_ns))
 
 
 def bounds(spec, inputs) -> dict[str, float]:

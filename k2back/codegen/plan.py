@@ -16,6 +16,13 @@ BLOCKS, + BLOCKS, ... of each stage, in this order:
 The GEMVs' task 0 sits on the CTA after the last attention task, so the CTAs
 without attention work start streaming weights at launch (the seed's
 reasoning: the weights are most of the bytes a launch moves).
+
+Build option `timeline` (name suffix `_timeline`, and the key: it is in the
+spec): a `timeline` scratch region, one row a CTA of u64 s_memrealtime stamps
+(timeline.ll.j2). A row holds, stage after stage in the order above, one
+record a task the CTA may run (its kth task of the stage, k = 0, 1, ...),
+each TASK_STAMPS: begin, the end of its flag wait (split tasks and wo_b's
+later tasks wait on none: that slot is not written), end.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ STEP_BYTES = 64  # k bytes one 16-B load a lane covers across the 4 lane groups
 THREADS_PER_TOKEN = 8  # GEMV epilogue threads a token of a 16-token tile
 REGION_ALIGN = 256
 FLAG_BYTES = 4
+TASK_STAMPS = ("begin", "wait", "end")  # a task's timeline stamps (s_memrealtime ticks)
+STAMP_BYTES = 8
 MAX_X_STEPS = 16  # 16-B activation loads a lane holds at once (64 VGPRs)
 MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of tasks (128 VGPRs)
 
@@ -176,6 +185,7 @@ class KernelSpec:
     scratch: tuple[Region, ...]
     scratch_bytes: int
     target: ArchInfo  # the arch's facts the plan and the templates rely on
+    timeline: bool = False  # build option: the kernel stamps each task (the `timeline` region)
 
     def region(self, name: str) -> Region:
         for r in self.scratch:
@@ -207,6 +217,31 @@ class KernelSpec:
             "wo_a": (self.wo_a.tasks, self.wo_a.first_cta, self.wo_a.ctas),
             "wo_b": (self.wo_b.tasks, self.wo_b.first_cta, self.wo_b.ctas),
         }
+
+    @property
+    def stamp_rows(self) -> dict[str, tuple[int, int]]:
+        """stage -> (slot of its first task record in a CTA's timeline row, task
+        records: the most tasks of the stage a CTA runs)."""
+        rows, slot = {}, 0
+        for stage, (tasks, _, spread) in self.stage_tasks.items():
+            rows[stage] = (slot, math.ceil(tasks / spread))
+            slot += rows[stage][1] * len(TASK_STAMPS)
+        return rows
+
+    @property
+    def stamp_row_bytes(self) -> int:
+        """Bytes of one CTA's row of the timeline region."""
+        return sum(n for _, n in self.stamp_rows.values()) * self.stamp_record_bytes
+
+    @property
+    def stamp_record_bytes(self) -> int:
+        """Bytes of one task's record: its TASK_STAMPS."""
+        return len(TASK_STAMPS) * STAMP_BYTES
+
+    def stamp_at(self, stage: str, kind: str) -> int:
+        """Byte offset in a CTA's row of stamp `kind` of the CTA's first task of
+        `stage`; its kth task's is k records further."""
+        return (self.stamp_rows[stage][0] + TASK_STAMPS.index(kind)) * STAMP_BYTES
 
     def minimum_bytes(self, valid_keys: int) -> dict[str, int]:
         """SPEC §6, the bytes a launch must move at least: every weight byte and
@@ -273,10 +308,10 @@ FP8_TAGS = {"e4m3fn": "ocp", "e4m3fnuz": "fnuz"}  # a key format in kernel names
 
 
 def kernel_name(geometry: str, tp: int, tokens: int, ratio: int, arch: str, swa_fp8: str,
-                comp_fp8: str) -> str:
+                comp_fp8: str, timeline: bool = False) -> str:
     slug = re.sub(r"[^0-9a-z]", "", geometry.lower())
     return (f"k2_back_{slug}_tp{tp}_s{tokens}_r{ratio}_{arch}"
-            f"_swa{FP8_TAGS[swa_fp8]}_comp{FP8_TAGS[comp_fp8]}")
+            f"_swa{FP8_TAGS[swa_fp8]}_comp{FP8_TAGS[comp_fp8]}" + ("_timeline" if timeline else ""))
 
 
 def _k_split(k: int, code_steps: int) -> tuple[int, int]:
@@ -423,11 +458,13 @@ def _scratch_regions(att: AttentionPlan, wo_a: GemvStage, rank: RankShape, token
 
 def plan(geometry: Config | str, tp: int | None = None, tokens: int | None = None,
          ratio: int | None = None, arch: str | None = None, swa_fp8: str = "auto",
-         comp_fp8: str = "auto", *, target: ArchInfo | None = None) -> KernelSpec:
+         comp_fp8: str = "auto", *, target: ArchInfo | None = None,
+         timeline: bool = False) -> KernelSpec:
     """The KernelSpec of one launch: of a Config, or of the configuration given
     field by field (checked as a Config); the arch's target-ID features do not
     change the plan. `target`: the facts of the arch to plan for (default
-    targets.ARCHS[arch]; tests pass their own, e.g. a smaller grid)."""
+    targets.ARCHS[arch]; tests pass their own, e.g. a smaller grid). `timeline`:
+    the build that stamps every task into a `timeline` region (module doc)."""
     config = geometry if isinstance(geometry, Config) else Config(
         geometry, tp, tokens, ratio, arch, swa_fp8, comp_fp8)
     geometry, tp, tokens, ratio = config.geometry, config.tp, config.tokens, config.ratio
@@ -449,13 +486,18 @@ def plan(geometry: Config | str, tp: int | None = None, tokens: int | None = Non
     lds, lds_bytes = _lds_union(att, (wo_a, wo_b), info, f"{geo.name} TP {tp} S {tokens}")
     scratch, scratch_bytes = _scratch_regions(att, wo_a, rank, tokens, blocks)
 
-    return KernelSpec(
+    spec = KernelSpec(
         geometry=geo.name, tp=tp, tokens=tokens, ratio=ratio, arch=arch,
         swa_fp8=swa_fp8, comp_fp8=comp_fp8,
-        name=kernel_name(geo.name, tp, tokens, ratio, arch, swa_fp8, comp_fp8),
+        name=kernel_name(geo.name, tp, tokens, ratio, arch, swa_fp8, comp_fp8, timeline),
         blocks=blocks, threads=THREADS, heads=rank.heads, groups=rank.groups,
         hidden=geo.hidden, o_rank=geo.o_rank, o_rows=rank.o_rows, keys=rank.keys,
         attention=att, split_first_cta=0, combine_first_cta=att.split_tasks % blocks,
         wo_a=wo_a, wo_b=wo_b, lds=lds, lds_bytes=lds_bytes,
-        scratch=scratch, scratch_bytes=scratch_bytes, target=info,
+        scratch=scratch, scratch_bytes=scratch_bytes, target=info, timeline=timeline,
     )
+    if not timeline:
+        return spec
+    stamps = Region("timeline", scratch_bytes, blocks * spec.stamp_row_bytes)
+    return dataclasses.replace(spec, scratch=(*scratch, stamps),
+                               scratch_bytes=_align(stamps.offset + stamps.bytes))

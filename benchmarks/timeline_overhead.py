@@ -1,0 +1,50 @@
+"""What the `timeline` build's stamps cost: wave-instructions executed by one
+launch of the plain and of the stamped kernel (emulator, timing mode), side by
+side, and the modeled time of each (the stamps' s_memrealtime reads and wave
+0's stores). Budget: stamps <= 1 % of the kernel's wave-instructions.
+
+Run: .venv/bin/python benchmarks/timeline_overhead.py [--config tiny:4:3:2 ...] [--arch gfx950]
+(default configs: tiny TP 4 S 3 ratio 2; add v4.1-flash:4:1:2 for the real
+model, about a minute a launch).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from k2back import ops
+from k2back.config import Config
+from k2back.profile import emulate
+from k2back.testing import make_inputs
+
+
+def launch(config: Config, timeline: bool):
+    spec, kernel = ops.build(config, timeline=timeline)
+    inputs = make_inputs(config.geometry, config.tp, config.tokens, config.ratio, 0, arch=spec.arch,
+                         swa_fp8=spec.swa_fp8, comp_fp8=spec.comp_fp8)
+    return emulate(spec, kernel, inputs)[1]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", nargs="+", default=["tiny:4:3:2"], help="geometry:tp:tokens:ratio")
+    p.add_argument("--arch", nargs="+", default=["gfx942", "gfx950"])
+    args = p.parse_args(argv)
+    print(f"{'configuration':<30} {'wave-instr':>11} {'stamped':>11} {'overhead':>9} "
+          f"{'polls':>6} {'stamped':>7} {'modeled us':>10} {'stamped':>8}")
+    for text in args.config:
+        geometry, tp, tokens, ratio = text.split(":")
+        for arch in args.arch:
+            config = Config(geometry, int(tp), int(tokens), int(ratio), arch).resolved()
+            plain, stamped = launch(config, False), launch(config, True)
+            extra = stamped.wave_instructions - plain.wave_instructions
+            print(f"{geometry + ' TP' + tp + ' S' + tokens + ' r' + ratio + ' ' + arch:<30} "
+                  f"{plain.wave_instructions:>11,} {stamped.wave_instructions:>11,} "
+                  f"{extra / plain.wave_instructions:>8.2%} {plain.total_polls:>6} "
+                  f"{stamped.total_polls:>7} {plain.modeled_ns / 1e3:>10.2f} "
+                  f"{stamped.modeled_ns / 1e3:>8.2f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
