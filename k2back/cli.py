@@ -204,7 +204,7 @@ def cmd_dump(parser, args) -> int:
     config = one_config(parser, args)
     from k2back import ops
 
-    spec, kernel = ops.build(config)
+    spec, kernel = ops.build(config, timeline=args.timeline)
     sections = dump_sections(spec, kernel)
     if args.out is None:
         for name, text in sections.items():
@@ -350,6 +350,8 @@ def parser() -> argparse.ArgumentParser:
                                        help="no progress bar")
     sub.choices["dump"].add_argument("--out", type=Path,
                                      help="write one file a section here instead of stdout")
+    sub.choices["dump"].add_argument("--timeline", action="store_true",
+                                     help="the build that stamps every task (plan(timeline=True))")
     sub.choices["verify"].add_argument("--seed", type=int, default=0, help="make_inputs seed")
     sub.choices["verify"].add_argument("--perturb", action="store_true",
                                        help=argparse.SUPPRESS)  # test-only: must then fail

@@ -226,6 +226,17 @@ def test_dump_to_stdout_and_to_files(tmp_path):
     assert '"tokens": 3' in spec and '"swa_fp8": "e4m3fn"' in spec
 
 
+@pytest.mark.kernel
+def test_dump_timeline_writes_the_stamped_build(tmp_path):
+    config = (*TINY, "--arch", "gfx950", "--tokens", "3")
+    out = tmp_path / "dump"
+    written = k2back("dump", *config, "--timeline", "--out", str(out), cache_dir=tmp_path)
+    assert written.returncode == 0, written.stderr
+    name = "k2_back_tiny_tp4_s3_r2_gfx950_swaocp_compocp_timeline"
+    assert "s_memrealtime" in (out / f"{name}.s").read_text()
+    assert "timeline" in (out / f"{name}.plan.txt").read_text()
+
+
 def test_plan_table(tmp_path):
     done = k2back("plan", *TINY, "--arch", "gfx942", "--tokens", "16", cache_dir=tmp_path)
     assert done.returncode == 0, done.stderr
