@@ -339,8 +339,9 @@ class Machine:
         batchable, stops = steps
         touches = scoreboard.touches
         while turn:
-            pc = min(w.pc for w in turn)
-            at = [w for w in turn if w.pc == pc]
+            pcs = [w.pc for w in turn]
+            pc = min(pcs)
+            at = list(turn) if pcs.count(pc) == len(pcs) else [w for w in turn if w.pc == pc]
             stopped, performed = {}, False
             if len(at) > 1 and batchable[pc]:
                 for w in at:
