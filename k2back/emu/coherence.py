@@ -147,9 +147,10 @@ class Overlay:
                 count += positions.size
         return count
 
-    def put(self, flat: np.ndarray, values: np.ndarray, missing_only: bool = False) -> None:
-        """Hold `values` at `flat` (with missing_only: only where nothing is held yet)."""
-        for page, where, offsets in self._by_page(flat):
+    def put(self, flat: np.ndarray, values: np.ndarray, missing_only: bool = False, pages=None) -> None:
+        """Hold `values` at `flat` (with missing_only: only where nothing is held yet);
+        `pages`: flat's _by_page, when the caller puts the same bytes in several overlays."""
+        for page, where, offsets in pages or self._by_page(flat):
             entry = self.pages.get(page)
             if entry is None:
                 entry = self.pages[page] = (np.zeros(PAGE, np.uint8), np.zeros(PAGE, bool))
@@ -423,10 +424,10 @@ class StrictMemory(IdealMemory):
     def _memory_changes(self, flat, source: L2) -> None:
         """Memory's bytes at `flat` are about to change: every other L2 keeps them as
         it saw them (its view does not move until it is invalidated)."""
-        old = self.memory.peek(flat)
+        old, pages = self.memory.peek(flat), Overlay._by_page(flat)
         for l2 in self.l2s:
             if l2 is not source:
-                l2.stale.put(flat, old, missing_only=True)
+                l2.stale.put(flat, old, missing_only=True, pages=pages)
 
     def _save_lines(self, l2: L2, lines, keep) -> None:
         """`l2`'s view of `lines` is about to change: the CU caches holding them (but

@@ -318,10 +318,12 @@ class Machine:
         quantum; yields (wave, instructions run, why it stopped).
 
         This is where the machine picks what runs next. Wave by wave, in order,
-        when fewer than two are ready or `batching` is off (a trace turns it
-        off): a wave released by a barrier or woken during the turn runs in it if
-        its place comes later.
-        Otherwise the waves at the lowest PC: when several are there and the
+        when `batching` is off (a trace turns it off), or while fewer than two
+        are ready: a wave released by a barrier or woken during the turn runs in
+        it if its place comes later.
+        Otherwise (from when two or more of the waves whose place comes later
+        are ready: e.g. the waves a barrier released) the waves at the lowest
+        PC: when several are there and the
         instruction is batchable, it runs once over each contiguous run of them
         (state.Batch); else each of them runs alone up to its next stop (`steps`:
         batchable instructions; stops, those and every memory or synchronising
@@ -329,18 +331,24 @@ class Machine:
         waves that become ready join the turn. When a wave performs stores (an
         s_waitcnt, an atomic), the turn ends: other workgroups see them before the
         stores the workgroup's other waves have issued meanwhile perform."""
-        turn = [w for w in group.waves if ready(w)]
-        if len(turn) < 2 or not self.batching:
+        if not self.batching:
             for w in group.waves:
                 if ready(w):
                     yield w, *self._run_quantum(w, code, hits, kernel, scoreboard, self.quantum)
             return
-        budget = dict.fromkeys(turn, self.quantum)
+        turn, alone = [w for w in group.waves if ready(w)], []
+        while len(turn) == 1:
+            alone += turn
+            yield turn[0], *self._run_quantum(turn[0], code, hits, kernel, scoreboard, self.quantum)
+            turn = [w for w in group.waves[turn[0].index + 1:] if ready(w)]
+        budget = dict.fromkeys(alone, 0)  # those waves had their turn
+        budget.update(dict.fromkeys(turn, self.quantum))
         batchable, stops = steps
         touches = scoreboard.touches
         while turn:
-            pc = min(w.pc for w in turn)
-            at = [w for w in turn if w.pc == pc]
+            pcs = [w.pc for w in turn]
+            pc = min(pcs)
+            at = list(turn) if pcs.count(pc) == len(pcs) else [w for w in turn if w.pc == pc]
             stopped, performed = {}, False
             if len(at) > 1 and batchable[pc]:
                 for w in at:
