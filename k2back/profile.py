@@ -98,9 +98,8 @@ def cta_events(timeline: dict) -> dict[int, dict]:
 
 
 def stage_ctas(spec, name: str) -> set[int]:
-    """The CTAs that run tasks of stage `name` (task t on (first + t % ctas) % blocks)."""
-    tasks, first, spread = spec.stage_tasks[name]
-    return {(first + t % spread) % spec.blocks for t in range(tasks)}
+    """The CTAs that run tasks of stage `name` (spec.task_cta)."""
+    return {spec.task_cta(name, t)[0] for t in range(spec.stage_tasks[name][0])}
 
 
 def stage_table(spec, ctas: dict) -> list[Stage]:
@@ -181,10 +180,9 @@ def stamped_tasks(spec, scratch, tick_hz: float) -> list[StampedTask]:
     ns = 1e9 / tick_hz
     out = []
     for name in STAGES:
-        tasks, first, spread = spec.stage_tasks[name]
         slot0 = spec.stamp_rows[name][0]
-        for t in range(tasks):
-            cta, nth = (first + t % spread) % spec.blocks, t // spread
+        for t in range(spec.stage_tasks[name][0]):
+            cta, nth = spec.task_cta(name, t)
             begin, wait, end = rows[cta][slot0 + nth * len(TASK_STAMPS):][:len(TASK_STAMPS)]
             out.append(StampedTask(cta, name, t, begin * ns,
                                    wait * ns if waits_on_flags(name, nth) else None, end * ns))

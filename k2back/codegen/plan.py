@@ -218,6 +218,11 @@ class KernelSpec:
             "wo_b": (self.wo_b.tasks, self.wo_b.first_cta, self.wo_b.ctas),
         }
 
+    def task_cta(self, stage: str, task: int) -> tuple[int, int]:
+        """(CTA, nth task of the stage on that CTA) that runs task `task` of `stage`."""
+        _, first, spread = self.stage_tasks[stage]
+        return (first + task % spread) % self.blocks, task // spread
+
     @property
     def stamp_rows(self) -> dict[str, tuple[int, int]]:
         """stage -> (slot of its first task record in a CTA's timeline row, task
