@@ -59,7 +59,9 @@ BLOCK_ARGS = {"swa_block": "swa_cache", "comp_block": "comp_cache"}
 assert set(LAUNCH_ARGS) == {*RULES, *BLOCK_ARGS}, "a rule for every launch argument"
 
 
-def _fail(kind, name: str, expected: str, given) -> None:
+def fail(kind, name: str, expected: str, given) -> None:
+    """Raise `kind` naming the argument, what was expected and what was given (the
+    one message shape of every input check; vllm.py uses it too)."""
     raise kind(f"{name}: expected {expected}, got {given}")
 
 
@@ -69,26 +71,26 @@ def _resolve(rule: TensorRule, rank: RankShape, tokens: int) -> tuple:
     return tuple(dims.get(d, d) if isinstance(d, str) else d for d in shape)
 
 
-def _check_tensor(name: str, t, rule: TensorRule, rank: RankShape, tokens: int, device) -> None:
+def check_tensor(name: str, t, rule: TensorRule, rank: RankShape, tokens: int, device) -> None:
     if not isinstance(t, torch.Tensor):
-        _fail(TypeError, name, "a torch.Tensor", type(t).__name__)
+        fail(TypeError, name, "a torch.Tensor", type(t).__name__)
     if t.dtype not in rule.dtypes:
-        _fail(TypeError, name, f"dtype {' or '.join(map(str, rule.dtypes))}", t.dtype)
+        fail(TypeError, name, f"dtype {' or '.join(map(str, rule.dtypes))}", t.dtype)
     want = _resolve(rule, rank, tokens)
     if t.dim() != len(want) or any(w is not None and w != g for w, g in zip(want, t.shape)):
         shown = tuple("*" if w is None else w for w in want)
-        _fail(ValueError, name, f"shape {shown}", tuple(t.shape))
+        fail(ValueError, name, f"shape {shown}", tuple(t.shape))
     if t.device != device:
-        _fail(ValueError, name, f"device {device} (q's device)", t.device)
+        fail(ValueError, name, f"device {device} (q's device)", t.device)
     if rule.contiguous and not t.is_contiguous():
-        _fail(ValueError, name, "a contiguous tensor", f"strides {t.stride()}")
+        fail(ValueError, name, "a contiguous tensor", f"strides {t.stride()}")
 
 
-def _check_block(name: str, block) -> None:
+def check_block(name: str, block) -> None:
     if isinstance(block, bool) or not isinstance(block, int):
-        _fail(TypeError, name, "an int (records a page holds)", type(block).__name__)
+        fail(TypeError, name, "an int (records a page holds)", type(block).__name__)
     if block <= 0:
-        _fail(ValueError, name, "a positive int", block)
+        fail(ValueError, name, "a positive int", block)
 
 
 def _check_cache(name: str, cache: torch.Tensor, block: int) -> None:
@@ -96,33 +98,33 @@ def _check_cache(name: str, cache: torch.Tensor, block: int) -> None:
     kernel's page stride) a multiple of 576 that holds `block` records."""
     need = block * F.KV_RECORD_BYTES
     if cache.stride(1) != 1 or cache.shape[0] < 1:
-        _fail(ValueError, name, "pages of contiguous bytes (stride(1) == 1, >= 1 page)",
+        fail(ValueError, name, "pages of contiguous bytes (stride(1) == 1, >= 1 page)",
               f"shape {tuple(cache.shape)}, strides {cache.stride()}")
     if cache.shape[1] < need or cache.shape[1] > cache.stride(0):
-        _fail(ValueError, name, f"page_bytes between {need} ({block} records × "
+        fail(ValueError, name, f"page_bytes between {need} ({block} records × "
               f"{F.KV_RECORD_BYTES} B) and the row stride {cache.stride(0)}", cache.shape[1])
     if cache.stride(0) % F.PAGE_ALIGN:
-        _fail(ValueError, name, f"a row stride that is a multiple of {F.PAGE_ALIGN} B",
+        fail(ValueError, name, f"a row stride that is a multiple of {F.PAGE_ALIGN} B",
               cache.stride(0))
     if byte_extent(cache) > MAX_BUFFER_BYTES:
-        _fail(ValueError, name, f"at most {MAX_BUFFER_BYTES} bytes from the first page to the "
+        fail(ValueError, name, f"at most {MAX_BUFFER_BYTES} bytes from the first page to the "
               "end of the last (32-bit buffer offsets)", f"{byte_extent(cache)} bytes")
 
 
 def _check_values(args: dict, rank: RankShape, ratio: int) -> None:
     key_len = args["key_len"]
     if key_len.numel() and not (0 <= int(key_len.min()) and int(key_len.max()) <= rank.keys):
-        _fail(ValueError, "key_len", f"values in 0..{rank.keys} (KEYS)",
+        fail(ValueError, "key_len", f"values in 0..{rank.keys} (KEYS)",
               f"range {int(key_len.min())}..{int(key_len.max())}")
     rows, pos = args["cos_sin"].shape[0], args["positions"]
     if pos.numel() and not (0 <= int(pos.min()) and int(pos.max()) < rows):
-        _fail(ValueError, "positions", f"values in 0..{rows - 1} (cos_sin rows)",
+        fail(ValueError, "positions", f"values in 0..{rows - 1} (cos_sin rows)",
               f"range {int(pos.min())}..{int(pos.max())}")
     slot, compressed, present = F.decode_key_table(args["key_table"])
     index = torch.arange(rank.keys, device=slot.device)
     in_use = present & (index < key_len[:, None].long())
     if ratio == 0 and (in_use & compressed).any():
-        _fail(ValueError, "key_table", "no compressed entries (bit 31) on a window-only "
+        fail(ValueError, "key_table", "no compressed entries (bit 31) on a window-only "
               "layer (ratio 0)", "compressed entries within key_len")
     for block_name, cache_name in BLOCK_ARGS.items():
         cache, block = args[cache_name], args[block_name]
@@ -131,7 +133,7 @@ def _check_values(args: dict, rank: RankShape, ratio: int) -> None:
             continue
         capacity = cache.shape[0] * block
         if int(slot[mine].max()) >= capacity:
-            _fail(ValueError, "key_table", f"{cache_name} slots below {capacity} "
+            fail(ValueError, "key_table", f"{cache_name} slots below {capacity} "
                   f"({cache.shape[0]} pages × {block})", f"slot {int(slot[mine].max())}")
 
 
@@ -142,33 +144,33 @@ def validate_launch(rank: RankShape, ratio: int, args: dict, *, max_tokens: int 
     check_values: None = only when q is on the CPU (see the module doc)."""
     missing = [n for n in LAUNCH_ARGS if n not in args]
     if missing:
-        _fail(TypeError, "args", f"every launch argument {LAUNCH_ARGS}", f"none for {missing}")
+        fail(TypeError, "args", f"every launch argument {LAUNCH_ARGS}", f"none for {missing}")
     q = args["q"]
     if not isinstance(q, torch.Tensor) or q.dim() < 1:
-        _fail(TypeError, "q", "a bf16 tensor [S, H, 512]", type(q).__name__)
+        fail(TypeError, "q", "a bf16 tensor [S, H, 512]", type(q).__name__)
     tokens, device = q.shape[0], q.device
     if tokens < 1 or (max_tokens is not None and tokens > max_tokens):
-        _fail(ValueError, "q", f"1..{max_tokens or 'any'} tokens (S = q.shape[0])", tokens)
+        fail(ValueError, "q", f"1..{max_tokens or 'any'} tokens (S = q.shape[0])", tokens)
     if (args["comp_cache"] is None) != (ratio == 0):
-        _fail(ValueError, "comp_cache", "None exactly when ratio == 0 (window-only layer); "
+        fail(ValueError, "comp_cache", "None exactly when ratio == 0 (window-only layer); "
               f"ratio is {ratio}", "None" if args["comp_cache"] is None else "a tensor")
     for name, rule in RULES.items():
         if args[name] is not None or name != "comp_cache":
-            _check_tensor(name, args[name], rule, rank, tokens, device)
+            check_tensor(name, args[name], rule, rank, tokens, device)
     for block_name, cache_name in BLOCK_ARGS.items():
         if args[cache_name] is not None:
-            _check_block(block_name, args[block_name])
+            check_block(block_name, args[block_name])
             _check_cache(cache_name, args[cache_name], args[block_name])
     if args["cos_sin"].shape[0] < 1:
-        _fail(ValueError, "cos_sin", "at least one row", 0)
+        fail(ValueError, "cos_sin", "at least one row", 0)
     qk_scale = args.get("qk_scale")
     if qk_scale is not None:
         if isinstance(qk_scale, bool) or not isinstance(qk_scale, (int, float)):
-            _fail(TypeError, "qk_scale", "a float or None", type(qk_scale).__name__)
+            fail(TypeError, "qk_scale", "a float or None", type(qk_scale).__name__)
         if not 0 < qk_scale < float("inf"):
-            _fail(ValueError, "qk_scale", "a positive finite float", qk_scale)
+            fail(ValueError, "qk_scale", "a positive finite float", qk_scale)
     if out is not None:
-        _check_tensor("out", out, TensorRule((torch.bfloat16,), ("S", rank.geometry.hidden)),
+        check_tensor("out", out, TensorRule((torch.bfloat16,), ("S", rank.geometry.hidden)),
                       rank, tokens, device)
     if check_values or (check_values is None and device.type == "cpu"):
         _check_values(args, rank, ratio)

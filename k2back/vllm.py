@@ -60,7 +60,7 @@ import torch
 from k2back import formats as F
 from k2back import model
 from k2back.config import RATIOS
-from k2back.validate import RULES, TensorRule, _check_block, _check_tensor, _fail
+from k2back.validate import RULES, TensorRule, check_block, check_tensor, fail
 
 # vLLM's decode metadata, by the names of `key_table`'s arguments ("S" = the
 # step's tokens T; strided views are fine: only torch reads them).
@@ -83,10 +83,10 @@ INT32_WRAP = 1 << 32  # bit 31 set = a negative int32
 
 def _check_metadata(g: model.Geometry, args: dict, ratio: int, comp_block, out) -> None:
     if isinstance(ratio, bool) or ratio not in RATIOS:
-        _fail(ValueError, "ratio", f"one of {RATIOS}", repr(ratio))
+        fail(ValueError, "ratio", f"one of {RATIOS}", repr(ratio))
     positions = args["positions"]
     if not isinstance(positions, torch.Tensor) or positions.dim() != 1:
-        _fail(TypeError, "positions", "an int64 tensor [T]", type(positions).__name__)
+        fail(TypeError, "positions", "an int64 tensor [T]", type(positions).__name__)
     rank, tokens, device = g.rank(1), positions.shape[0], positions.device  # no TP in a table
     for name, rule in METADATA.items():
         given = args[name]
@@ -94,21 +94,21 @@ def _check_metadata(g: model.Geometry, args: dict, ratio: int, comp_block, out) 
             if given is None:
                 continue
             if name in NONE_IF_WINDOW_ONLY:
-                _fail(ValueError, name, "None on a window-only layer (ratio 0)", "a tensor")
+                fail(ValueError, name, "None on a window-only layer (ratio 0)", "a tensor")
         elif given is None:
-            _fail(ValueError, name, f"a tensor on a layer with compressed keys (ratio {ratio})",
+            fail(ValueError, name, f"a tensor on a layer with compressed keys (ratio {ratio})",
                   "None")
-        _check_tensor(name, given, rule, rank, tokens, device)
+        check_tensor(name, given, rule, rank, tokens, device)
     if ratio:
-        _check_block("comp_block", comp_block)
+        check_block("comp_block", comp_block)
         if 0 in args["comp_block_table"].shape:
-            _fail(ValueError, "comp_block_table", "at least one request and one page",
+            fail(ValueError, "comp_block_table", "at least one request and one page",
                   f"shape {tuple(args['comp_block_table'].shape)}")
     if out is not None:
         if not isinstance(out, (tuple, list)) or len(out) != len(OUTPUTS):
-            _fail(TypeError, "out", f"a pair {OUTPUTS}", type(out).__name__)
+            fail(TypeError, "out", f"a pair {OUTPUTS}", type(out).__name__)
         for name, tensor in zip(OUTPUTS, out):
-            _check_tensor(f"out[{name}]", tensor, RULES[name], rank, tokens, device)
+            check_tensor(f"out[{name}]", tensor, RULES[name], rank, tokens, device)
 
 
 def key_table(positions, slot_mapping, swa_indices, swa_lens, topk_indices, comp_block_table,
@@ -195,7 +195,7 @@ class DecodeBack:
         self.geometry = model.geometry(geometry)
         rank = self.geometry.rank(tp_size)
         if isinstance(tp_rank, bool) or not isinstance(tp_rank, int) or not 0 <= tp_rank < tp_size:
-            _fail(ValueError, "tp_rank", f"an int in 0..{tp_size - 1}", repr(tp_rank))
+            fail(ValueError, "tp_rank", f"an int in 0..{tp_size - 1}", repr(tp_rank))
         self.attention = AttentionBack(geometry, tp=tp_size, ratio=ratio, arch=arch,
                                        max_tokens=max_tokens, backend=backend,
                                        swa_fp8=swa_fp8, comp_fp8=comp_fp8)
@@ -209,7 +209,7 @@ class DecodeBack:
                        "comp_cache": _pages(comp_cache), "comp_block": comp_block}
         self.cos_sin = cos_sin_cache
         if not isinstance(swa_cache, torch.Tensor):
-            _fail(TypeError, "swa_cache", "a uint8 tensor of pages", type(swa_cache).__name__)
+            fail(TypeError, "swa_cache", "a uint8 tensor of pages", type(swa_cache).__name__)
         device = swa_cache.device
         self.key_table = torch.full((max_tokens, rank.keys), F.NO_KEY, dtype=torch.int32,
                                     device=device)
@@ -219,9 +219,9 @@ class DecodeBack:
                  comp_block_table=None, token_to_req=None, *, out=None) -> torch.Tensor:
         tokens = q.shape[0] if isinstance(q, torch.Tensor) and q.dim() else 0
         if not 1 <= tokens <= self.key_table.shape[0]:
-            _fail(ValueError, "q", f"1..{self.key_table.shape[0]} tokens (max_tokens)", tokens)
+            fail(ValueError, "q", f"1..{self.key_table.shape[0]} tokens (max_tokens)", tokens)
         if not isinstance(positions, torch.Tensor) or tuple(positions.shape) != (tokens,):
-            _fail(ValueError, "positions", f"shape ({tokens},) (q's tokens)",
+            fail(ValueError, "positions", f"shape ({tokens},) (q's tokens)",
                   tuple(getattr(positions, "shape", ())))
         table, length = key_table(
             positions, slot_mapping, swa_indices, swa_lens, topk_indices, comp_block_table,
