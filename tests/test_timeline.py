@@ -91,6 +91,8 @@ def check_against_spans(spec, scratch, stats):
     stage spans of the same launch; AssertionError says where not."""
     tick_hz = part(spec.arch).memrealtime_hz
     tasks = stamped_tasks(spec, scratch, tick_hz, 0)
+    written = spec.view(scratch, "timeline", torch.int32).count_nonzero().item()
+    assert written == profile.stamps_written(spec)  # every stamp, and nothing else in the region
     assert len(tasks) == sum(spec.stage_tasks[s][0] for s in STAGES)
     spans, ctas = cta_events(stats.timeline), stamped_events(tasks)
     for cta, ran in ctas.items():  # in the order the CTA ran them
