@@ -35,8 +35,10 @@ CONFIG = ("tiny", 4, 3, 2)
 # A task begins at the CTA's previous stamp (the previous task's end, or its start in
 # the epoch's thread-0 block); the emulator's span of a stage begins at the stage's
 # first block: between them run the task loop's control, the GEMV slot predicates and,
-# for a CTA's first stage, the end of the epoch protocol. A stamp ticks at 100 MHz.
-SPAN_TOLERANCE_NS = 200.0
+# for a CTA's first stage, the end of the epoch protocol; a task's end is stamped
+# before its last barrier. A stamp ticks at 100 MHz. Seen: at most 141 ns (gfx950)
+# and 176 ns (gfx942) per CTA and stage.
+SPAN_TOLERANCE_NS = 250.0
 
 
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
