@@ -260,18 +260,21 @@ def cmd_verify(parser, args) -> int:
 
 
 def cmd_profile(parser, args) -> int:
-    """Modeled time of the configuration's launch against the HBM roofline and the
-    latency floor, per stage (k2back.profile); --out writes profile.json, trace.json
-    and timeline.png."""
+    """The launch's time against the HBM roofline and the latency floor, per stage
+    (k2back.profile): in the emulator's timing model, from its stage spans or
+    (--stamps) from the timeline build's stamps; on a GPU (--backend hip) from the
+    stamps. --out writes profile.json, trace.json and timeline.png."""
     config = one_config(parser, args)
-    if args.backend == "hip":
-        parser.error("--backend hip: timing on a GPU needs the kernel's timeline stamps, "
-                     "which are not built yet; got hip, use emu")
     from k2back import profile
+    from k2back.runtime.hip import BackendUnavailable
 
-    result, stats = profile.profile(config, seed=args.seed)
+    try:
+        result, ctas = profile.profile(config, seed=args.seed, backend=args.backend,
+                                       stamps=args.stamps or args.backend == "hip")
+    except BackendUnavailable as e:
+        parser.error(f"--backend hip: {e}")
     print(profile.report(result))
-    for path in profile.write(result, stats, args.out) if args.out else ():
+    for path in profile.write(result, ctas, args.out) if args.out else ():
         print(f"wrote {path}")
     return 0
 
@@ -356,7 +359,9 @@ def parser() -> argparse.ArgumentParser:
     sub.choices["verify"].add_argument("--perturb", action="store_true",
                                        help=argparse.SUPPRESS)  # test-only: must then fail
     sub.choices["profile"].add_argument("--backend", choices=("emu", "hip"), default="emu",
-                                        help="emu: the emulator's timing model (default)")
+                                        help="emu: the emulator's timing model (default); hip: a GPU launch of the timeline build")
+    sub.choices["profile"].add_argument("--stamps", action="store_true",
+                                        help="emu: draw from the timeline build's stamps, not the stage spans")
     sub.choices["profile"].add_argument("--out", type=Path,
                                         help="write profile.json, trace.json, timeline.png here")
     sub.choices["profile"].add_argument("--seed", type=int, default=0, help="make_inputs seed")

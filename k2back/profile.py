@@ -10,11 +10,14 @@ ran each stage and how long it polled flags. Beside it, two bounds:
   combine -> wo_a -> wo_b), the dependency chain no schedule avoids.
 
 `modeled / (roofline + floor)` is the ratio the planner is tuned toward.
-Stages are found in the kernel's asm: LLVM prints each IR block's name beside its
-label (`; %combine.wait.poll`); code after a stage's first block belongs to it.
-A CTA's span of a stage covers all its tasks of that stage. A `timeline` build
-(plan(..., timeline=True)) stamps each task itself: `stamped_tasks` reads them
-back from the launch's scratch, the same way from the emulator and from a GPU.
+Two sources of the per-CTA picture (`cta_events`' shape: runs and flag waits):
+- the emulator's stage spans: stages are found in the kernel's asm, LLVM prints
+  each IR block's name beside its label (`; %combine.wait.poll`); code after a
+  stage's first block belongs to it; a CTA's span of a stage covers all its tasks;
+- a `timeline` build's stamps (plan(..., timeline=True)): `stamped_tasks` reads
+  them back from the launch's scratch, the same way from the emulator (whose
+  s_memrealtime reads the modeled clock) and from a GPU (`--backend hip`, ticks
+  of the device's wallClockRate), so model and hardware compare line by line.
 """
 
 from __future__ import annotations
@@ -150,12 +153,12 @@ def critical_path(ctas: dict) -> list[tuple[int, str, float, float]]:
 
 @dataclasses.dataclass(frozen=True)
 class StampedTask:
-    """One task's stamps of a `timeline` build, in ns of s_memrealtime."""
+    """One task's stamps of a `timeline` build, in ns since the profile's origin."""
 
     cta: int
     stage: str
     task: int
-    begin_ns: float
+    begin_ns: float  # the CTA's previous stamp: its previous task's end, or its start
     wait_ns: float | None  # its flag wait ended (None: the task waits on no flag)
     end_ns: float
 
@@ -166,27 +169,67 @@ def waits_on_flags(stage: str, nth: int) -> bool:
     return stage in ("combine", "wo_a") or (stage == "wo_b" and nth == 0)
 
 
-def stamped_tasks(spec, scratch, tick_hz: float) -> list[StampedTask]:
+def cta_tasks(spec) -> dict[int, list[tuple[str, int, int]]]:
+    """CTA -> its (stage, task, nth) in the order it runs them."""
+    out = {}
+    for name in STAGES:
+        for t in range(spec.stage_tasks[name][0]):
+            cta, nth = spec.task_cta(name, t)
+            out.setdefault(cta, []).append((name, t, nth))
+    return out
+
+
+def stamps_written(spec) -> int:
+    """Stamps a launch of a timeline build writes: each busy CTA's start, each
+    task's end and the end of each of its flag waits."""
+    tasks = [(stage, nth) for runs in cta_tasks(spec).values() for stage, _, nth in runs]
+    return spec.busy_ctas + len(tasks) + sum(waits_on_flags(*t) for t in tasks)
+
+
+def stamped_tasks(spec, scratch, tick_hz: float, origin: int | None = None) -> list[StampedTask]:
     """The tasks of a launch of a `timeline` build (`spec.timeline`) from its
-    scratch's `timeline` region, s_memrealtime ticks of `tick_hz` in ns: for
-    each CTA the tasks it ran of each stage (the plan's task tables), in order."""
+    scratch's `timeline` region: u32 s_memrealtime ticks of `tick_hz`, in ns since
+    `origin` (ticks; the emulator's clock starts at 0 at launch) or, without one,
+    since the earliest CTA start (a GPU's clock started at boot). Differences are
+    taken modulo 2^32: a launch is far shorter than the counter's wrap."""
     import torch
 
     if not spec.timeline:
         raise ValueError(f"spec: expected a timeline build (plan(..., timeline=True)), got {spec.name}")
     from k2back.codegen.plan import TASK_STAMPS
 
-    rows = spec.view(scratch, "timeline", torch.int64, (spec.blocks, -1)).cpu().tolist()
+    rows = (spec.view(scratch, "timeline", torch.int32, (spec.blocks, -1)).cpu().long() & 0xFFFFFFFF).tolist()
+    runs = cta_tasks(spec)
+    if origin is None:
+        first = rows[min(runs)][0]
+        origin = min((rows[c][0] - first + 2**31) % 2**32 - 2**31 for c in runs) + first
     ns = 1e9 / tick_hz
+
+    def at(ticks: int) -> float:
+        return ((ticks - origin) % 2**32) * ns
+
     out = []
-    for name in STAGES:
-        slot0 = spec.stamp_rows[name][0]
-        for t in range(spec.stage_tasks[name][0]):
-            cta, nth = spec.task_cta(name, t)
-            begin, wait, end = rows[cta][slot0 + nth * len(TASK_STAMPS):][:len(TASK_STAMPS)]
-            out.append(StampedTask(cta, name, t, begin * ns,
-                                   wait * ns if waits_on_flags(name, nth) else None, end * ns))
+    for cta, tasks in runs.items():
+        begin = at(rows[cta][0])
+        for stage, task, nth in tasks:
+            slot = spec.stamp_rows[stage][0] + nth * len(TASK_STAMPS)
+            wait, end = (rows[cta][slot + TASK_STAMPS.index(k)] for k in ("wait", "end"))
+            out.append(StampedTask(cta, stage, task, begin,
+                                   at(wait) if waits_on_flags(stage, nth) else None, at(end)))
+            begin = at(end)
     return sorted(out, key=lambda s: (s.cta, s.begin_ns))
+
+
+def stamped_events(tasks: list[StampedTask]) -> dict[int, dict]:
+    """`cta_events`' shape from a timeline build's stamps: per CTA a run a task and
+    a flag wait from the task's begin to its wait's end."""
+    ctas = {}
+    for t in tasks:
+        cta = ctas.setdefault(t.cta, {"run": [], "wait": []})
+        cta["run"].append((t.stage, t.begin_ns, t.end_ns))
+        if t.wait_ns is not None:
+            cta["wait"].append((t.stage, t.begin_ns, t.wait_ns))
+    return ctas
 
 
 def bounds(spec, inputs) -> dict[str, float]:
@@ -216,29 +259,84 @@ def emulate(spec, kernel, inputs, part=None, scratch=None):
     return run_kernel(spec, kernel, inputs, scratch, backend)
 
 
-def profile(config, *, seed: int = 0) -> tuple[dict, object]:
-    """(profile.json's content, the launch's Stats) of one configuration (a
-    k2back.config.Config)."""
-    from k2back import ops
-    from k2back.testing import make_inputs
+def stamp_clock(backend, spec, device) -> tuple[float, int | None]:
+    """(s_memrealtime ticks a second, the launch's origin in ticks or None) on
+    `backend`: the emulator's modeled clock starts at 0 at launch at the part's
+    rate; a GPU's counter runs at the device's wallClockRate (kHz) since boot."""
+    if backend.name == "emu":
+        from k2back.emu.timing_parts import part
 
-    spec, kernel = ops.kernel_for(config)
+        return part(spec.arch).memrealtime_hz, 0
+    from k2back.runtime.hip import bindings, hip_check
+
+    hip = bindings()
+    khz = hip_check("hipDeviceGetAttribute", hip.hipDeviceGetAttribute(
+        hip.hipDeviceAttribute_t.hipDeviceAttributeWallClockRate, device.index))
+    return khz * 1e3, None
+
+
+def launch_backend(name: str, asm: str):
+    """(backend, device) of a profile launch: the emulator in timing mode (stage
+    regions from the asm) on the CPU, or HIP on the current GPU (raises
+    BackendUnavailable, naming what is missing, without ROCm or a GPU)."""
+    import torch
+
+    if name == "emu":
+        from k2back.runtime.emu import EmuBackend
+
+        return EmuBackend(timing=True, regions=stage_regions(asm)), torch.device("cpu")
+    from k2back.runtime.hip import HipBackend
+
+    backend = HipBackend()
+    return backend, torch.device("cuda", torch.cuda.current_device())
+
+
+def profile(config, *, seed: int = 0, backend: str = "emu", stamps: bool | None = None) -> tuple[dict, dict]:
+    """(profile.json's content, per-CTA events as `cta_events` gives them) of one
+    configuration (a k2back.config.Config). `backend` "emu": one launch in the
+    emulator's timing model, drawn from its stage spans or, with `stamps`, from
+    the timeline build's stamps; "hip": the timeline build's stamps of a launch
+    on the GPU (always stamps). Everything but the launch is the same for both."""
+    from k2back import ops
+    from k2back.testing import make_inputs, run_kernel
+
+    stamps = backend == "hip" if stamps is None else stamps
+    if backend == "hip" and not stamps:
+        raise ValueError("stamps: a GPU profile is drawn from the timeline build's stamps, got stamps=False")
+    spec, kernel = ops.build(config.resolved(), timeline=stamps)
     inputs = make_inputs(config.geometry, config.tp, config.tokens, config.ratio, seed, arch=spec.arch,
                          swa_fp8=spec.swa_fp8, comp_fp8=spec.comp_fp8)
-    stats = emulate(spec, kernel, inputs)[1]
-    return summary(spec, stats, bounds(spec, inputs)), stats
+    runner, device = launch_backend(backend, kernel.asm)
+    scratch = runner.new_scratch(spec, device)
+    stats = run_kernel(spec, kernel, inputs, scratch, runner)[1]
+    if stamps:
+        ctas = stamped_events(stamped_tasks(spec, scratch, *stamp_clock(runner, spec, device)))
+    else:
+        ctas = cta_events(stats.timeline)
+    source = ("GPU, timeline stamps" if backend == "hip" else
+              "emulator timing model, " + ("timeline stamps" if stamps else "stage spans"))
+    elapsed = stats.modeled_ns if backend == "emu" else max(e for c in ctas.values() for _, _, e in c["run"])
+    return result_of(spec, ctas, elapsed, source, bounds(spec, inputs), measured=backend == "hip"), ctas
 
 
 def summary(spec, stats, limits: dict) -> dict:
-    ctas = cta_events(stats.timeline)
-    modeled = stats.modeled_ns / 1e3
+    """profile.json of an emulator launch's Stats, drawn from its stage spans."""
+    return result_of(spec, cta_events(stats.timeline), stats.modeled_ns,
+                     "emulator timing model, stage spans", limits)
+
+
+def result_of(spec, ctas: dict, elapsed_ns: float, source: str, limits: dict, measured: bool = False) -> dict:
+    """profile.json: the launch's time (`modeled_us`, or `measured_us` on a GPU)
+    against the bounds, per stage, the critical path."""
+    elapsed = elapsed_ns / 1e3
     return {
         "config": {"geometry": spec.geometry, "tp": spec.tp, "tokens": spec.tokens,
                    "ratio": spec.ratio, "arch": spec.arch, "kernel": spec.name},
-        "modeled_us": modeled,
+        "source": source,
+        "measured_us" if measured else "modeled_us": elapsed,
         "roofline_us": limits["roofline_us"],
         "floor_us": limits["floor_us"],
-        "ratio": modeled / (limits["roofline_us"] + limits["floor_us"]),
+        "ratio": elapsed / (limits["roofline_us"] + limits["floor_us"]),
         "minimum_bytes": limits["minimum_bytes"],
         "stages": [dataclasses.asdict(s) | {"span_us": s.span_us} for s in stage_table(spec, ctas)],
         "critical_path": [{"cta": g, "stage": st, "start_us": s / 1e3, "end_us": e / 1e3}
@@ -246,15 +344,20 @@ def summary(spec, stats, limits: dict) -> dict:
     }
 
 
+def elapsed_key(result: dict) -> str:
+    return "measured_us" if "measured_us" in result else "modeled_us"
+
+
 def report(result: dict) -> str:
     c = result["config"]
+    key = elapsed_key(result)
     lines = [(f"{c['kernel']} ({c['geometry']} TP {c['tp']} S {c['tokens']} ratio {c['ratio']} "
-             f"{c['arch']}), emulator timing model"),
-             f"  modeled   {result['modeled_us']:8.2f} us",
+             f"{c['arch']}), {result['source']}"),
+             f"  {key[:-3]:<9} {result[key]:8.2f} us",
              (f"  roofline  {result['roofline_us']:8.2f} us  ({result['minimum_bytes'] / 1e6:.1f} MB at "
              "the part's achievable HBM bandwidth)"),
              f"  floor     {result['floor_us']:8.2f} us  (first HBM load + {HANDOFFS} hand-offs)",
-             f"  ratio     {result['ratio']:8.2f}  modeled / (roofline + floor)",
+             f"  ratio     {result['ratio']:8.2f}  {key[:-3]} / (roofline + floor)",
              (f"  {'stage':<8} {'tasks':>6} {'CTAs':>5} {'start':>8} {'end':>8} {'span':>8} "
              f"{'flag wait':>10} {'max wait':>9}  (us)")]
     for s in result["stages"]:
@@ -265,11 +368,11 @@ def report(result: dict) -> str:
     return "\n".join(lines)
 
 
-def chrome_trace(stats) -> dict:
-    """Chrome trace events (Perfetto): a track per CTA (wave 0's stage spans) and the
-    spans in which some wave of it polled a flag."""
+def chrome_trace(ctas: dict) -> dict:
+    """Chrome trace events (Perfetto): a track per CTA, its stage runs and its flag
+    waits (`cta_events` / `stamped_events`)."""
     events = []
-    for group, cta in sorted(cta_events(stats.timeline).items()):
+    for group, cta in sorted(ctas.items()):
         events.append({"ph": "M", "name": "thread_name", "pid": 0, "tid": group,
                        "args": {"name": f"CTA {group}"}})
         for kind, items in (("run", cta["run"]), ("flag wait", cta["wait"])):
@@ -280,7 +383,7 @@ def chrome_trace(stats) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ns"}
 
 
-def draw_timeline(result: dict, stats, path: Path) -> None:
+def draw_timeline(result: dict, ctas: dict, path: Path) -> None:
     """CTAs x time, coloured by stage, flag waits hatched, the critical path outlined."""
     import matplotlib
 
@@ -288,7 +391,6 @@ def draw_timeline(result: dict, stats, path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    ctas = cta_events(stats.timeline)
     fig, ax = plt.subplots(figsize=(12, 7), dpi=110)
     for group, cta in ctas.items():
         for region, start, end in cta["run"]:
@@ -301,10 +403,11 @@ def draw_timeline(result: dict, stats, path: Path) -> None:
         ax.broken_barh([(p["start_us"], p["end_us"] - p["start_us"])], (p["cta"] - 2, 4),
                        facecolors="none", edgecolors="black", linewidth=1.5)
     c = result["config"]
-    ax.set_title(f"{c['geometry']} TP {c['tp']} S {c['tokens']} {c['arch']}: modeled "
-                 f"{result['modeled_us']:.1f} us, roofline {result['roofline_us']:.1f} us, "
+    key = elapsed_key(result)
+    ax.set_title(f"{c['geometry']} TP {c['tp']} S {c['tokens']} {c['arch']}: {key[:-3]} "
+                 f"{result[key]:.1f} us, roofline {result['roofline_us']:.1f} us, "
                  f"floor {result['floor_us']:.1f} us")
-    ax.set_xlabel("us since launch (emulator timing model)")
+    ax.set_xlabel(f"us since launch ({result['source']})")
     ax.set_ylabel("CTA")
     ax.set_ylim(-1, max(ctas) + 1)
     handles = [Patch(color=STAGE_COLOURS[s], label=s) for s in REGIONS]
@@ -316,11 +419,11 @@ def draw_timeline(result: dict, stats, path: Path) -> None:
     plt.close(fig)
 
 
-def write(result: dict, stats, out: Path) -> list[Path]:
+def write(result: dict, ctas: dict, out: Path) -> list[Path]:
     """profile.json, trace.json, timeline.png under `out`."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "profile.json", out / "trace.json", out / "timeline.png"]
     paths[0].write_text(json.dumps(result, indent=1))
-    paths[1].write_text(json.dumps(chrome_trace(stats)))
-    draw_timeline(result, stats, paths[2])
+    paths[1].write_text(json.dumps(chrome_trace(ctas)))
+    draw_timeline(result, ctas, paths[2])
     return paths

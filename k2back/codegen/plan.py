@@ -18,11 +18,13 @@ without attention work start streaming weights at launch (the seed's
 reasoning: the weights are most of the bytes a launch moves).
 
 Build option `timeline` (name suffix `_timeline`, and the key: it is in the
-spec): a `timeline` scratch region, one row a CTA of u64 s_memrealtime stamps
-(timeline.ll.j2). A row holds, stage after stage in the order above, one
-record a task the CTA may run (its kth task of the stage, k = 0, 1, ...),
-each TASK_STAMPS: begin, the end of its flag wait (split tasks and wo_b's
-later tasks wait on none: that slot is not written), end.
+spec): a `timeline` scratch region, one row a CTA of u32 s_memrealtime stamps
+(the clock's low 32 bits; timeline.ll.j2). A row holds the CTA's start, then,
+stage after stage in the order above, one record a task the CTA may run (its
+kth task of the stage, k = 0, 1, ...), each TASK_STAMPS: the end of its flag
+wait (split tasks and wo_b's later tasks wait on none: that slot is not
+written) and its end. A task begins where the CTA's previous stamp (the
+previous task's end, or the start) was taken: the stamps chain.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ STEP_BYTES = 64  # k bytes one 16-B load a lane covers across the 4 lane groups
 THREADS_PER_TOKEN = 8  # GEMV epilogue threads a token of a 16-token tile
 REGION_ALIGN = 256
 FLAG_BYTES = 4
-TASK_STAMPS = ("begin", "wait", "end")  # a task's timeline stamps (s_memrealtime ticks)
-STAMP_BYTES = 8
+TASK_STAMPS = ("wait", "end")  # a task's timeline stamps (s_memrealtime ticks, low 32 bits)
+STAMP_BYTES = 4
 MAX_X_STEPS = 16  # 16-B activation loads a lane holds at once (64 VGPRs)
 MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of tasks (128 VGPRs)
 
@@ -226,8 +228,8 @@ class KernelSpec:
     @property
     def stamp_rows(self) -> dict[str, tuple[int, int]]:
         """stage -> (slot of its first task record in a CTA's timeline row, task
-        records: the most tasks of the stage a CTA runs)."""
-        rows, slot = {}, 0
+        records: the most tasks of the stage a CTA runs); slot 0 is the CTA's start."""
+        rows, slot = {}, 1
         for stage, (tasks, _, spread) in self.stage_tasks.items():
             rows[stage] = (slot, math.ceil(tasks / spread))
             slot += rows[stage][1] * len(TASK_STAMPS)
@@ -236,7 +238,7 @@ class KernelSpec:
     @property
     def stamp_row_bytes(self) -> int:
         """Bytes of one CTA's row of the timeline region."""
-        return sum(n for _, n in self.stamp_rows.values()) * self.stamp_record_bytes
+        return STAMP_BYTES + sum(n for _, n in self.stamp_rows.values()) * self.stamp_record_bytes
 
     @property
     def stamp_record_bytes(self) -> int:
@@ -247,6 +249,13 @@ class KernelSpec:
         """Byte offset in a CTA's row of stamp `kind` of the CTA's first task of
         `stage`; its kth task's is k records further."""
         return (self.stamp_rows[stage][0] + TASK_STAMPS.index(kind)) * STAMP_BYTES
+
+    @property
+    def busy_ctas(self) -> int:
+        """CTAs 0 .. busy_ctas - 1 run tasks, the rest none (the stages' task
+        tables follow each other from CTA 0)."""
+        return min(self.blocks, max(first + min(tasks, spread)
+                                    for tasks, first, spread in self.stage_tasks.values()))
 
     def minimum_bytes(self, valid_keys: int) -> dict[str, int]:
         """SPEC §6, the bytes a launch must move at least: every weight byte and
