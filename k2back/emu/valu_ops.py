@@ -415,7 +415,7 @@ VOP: dict[str, tuple[str, str, object]] = {
     **{f"v_cvt_f32_ubyte{i}": ("f32", "u32", _ubyte_to_f32(i)) for i in range(4)},
     "v_cvt_pkrtz_f16_f32": ("b32", "f32 f32", lambda a, b: nx.pack_halves(
         np.stack(np.broadcast_arrays(_f16_rtz(a).view(np.uint16), _f16_rtz(b).view(np.uint16)), -1))),
-    "v_cvt_pk_bf16_f32": ("b32", "f32 f32", lambda a, b: nx.cvt_pk_bf16_f32(*np.broadcast_arrays(a, b))),
+    "v_cvt_pk_bf16_f32": ("b32", "f32 f32", nx.cvt_pk_bf16_f32),
     "v_pack_b32_f16": ("b32", "b16 b16", lambda a, b: a.astype(U32) | (b.astype(U32) << U32(16))),
     # f64
     "v_add_f64": ("f64", "f64 f64", np.add),
