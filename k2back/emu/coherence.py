@@ -87,6 +87,15 @@ def lines_of(addresses: np.ndarray, size: int) -> np.ndarray:
     return np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
 
 
+def lines_list(addresses: np.ndarray, size: int) -> list[int]:
+    """lines_of as a list (in no particular order) when each access stays in one
+    line, which a sort cannot be cheaper than; else lines_of's."""
+    first = addresses >> np.uint64(LINE_BITS)
+    if size > 1 and not (first == (addresses + np.uint64(size - 1)) >> np.uint64(LINE_BITS)).all():
+        return lines_of(addresses, size).tolist()
+    return list(set(first.tolist()))
+
+
 def line_bytes(line: int) -> np.ndarray:
     return (line << LINE_BITS) + np.arange(LINE, dtype=np.int64)
 
@@ -215,9 +224,10 @@ class PrivateCache:
         self.regions = set()
         self.saved = set()
 
-    def hold(self, lines: np.ndarray) -> None:
+    def hold(self, lines) -> None:
+        """Hold `lines` (line numbers: an array or a list)."""
         holders = self.l2.holders
-        for line in lines.tolist():
+        for line in (lines.tolist() if isinstance(lines, np.ndarray) else lines):
             if line not in self.held:
                 self.held.add(line)
                 holders.setdefault(line, set()).add(self)
@@ -338,19 +348,21 @@ class StrictMemory(IdealMemory):
     # ------------------------------------------------------------------ reads
 
     def load(self, w, addresses, size: int, who, through_l1: bool) -> np.ndarray:
-        data = self.memory.read(addresses, size, who)
+        data, touched = self.memory.read_touched(addresses, size, who)
         cu = w.group.cu
-        region = self.memory.region_of(int(addresses[0]), size, who)
-        if not self.memory.touched(addresses, size, region):
+        if not touched:
             if through_l1:
-                cu.l1.hold_region(region.base)
+                cu.l1.hold_region(self.memory.region_of(int(addresses[0]), size, who).base)
             return data
-        flat = byte_addresses(addresses, size)
-        values = data.reshape(-1)
-        self._view(cu.l2, flat, values, count=True)
+        l2 = cu.l2
+        if l2.stale or l2.dirty or (through_l1 and cu.l1.copies):
+            flat = byte_addresses(addresses, size)
+            values = data.reshape(-1)
+            self._view(l2, flat, values, count=True)
+            if through_l1:
+                self.stale_bytes += cu.l1.copies.apply(flat, values)
         if through_l1:
-            self.stale_bytes += cu.l1.copies.apply(flat, values)
-            cu.l1.hold(lines_of(addresses, size))
+            cu.l1.hold(lines_list(addresses, size))
         return data
 
     def load_scalar(self, w, region, start: int, count: int, cached: bool) -> np.ndarray:
