@@ -161,15 +161,20 @@ class Overlay:
         `pages`: flat's _by_page, when the caller puts the same bytes in several overlays."""
         for page, where, offsets in pages or self._by_page(flat):
             entry = self.pages.get(page)
-            if entry is None:
-                entry = self.pages[page] = (np.zeros(PAGE, np.uint8), np.zeros(PAGE, bool))
-            data, present = entry
             chosen = values if where is None else values[where]
-            if missing_only:
-                new = ~present[offsets]
-                data[offsets[new]] = chosen[new]
-            else:
-                data[offsets] = chosen
+            if entry is None:  # a new page: every byte is missing
+                entry = self.pages[page] = (np.zeros(PAGE, np.uint8), np.zeros(PAGE, bool))
+            elif missing_only:
+                held = entry[1][offsets]
+                if held.all():
+                    continue
+                if held.any():
+                    new = ~held
+                    entry[0][offsets[new]] = chosen[new]
+                    entry[1][offsets] = True
+                    continue
+            data, present = entry
+            data[offsets] = chosen
             present[offsets] = True
 
     def drop(self, flat: np.ndarray) -> None:

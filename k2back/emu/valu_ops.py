@@ -281,8 +281,21 @@ def _denormal(x, dtype=None):
     return (x != 0) & (np.abs(x) < tiny)
 
 
+def _ordinary_f32_division(s1, s2) -> bool:
+    """Whether no V_DIV_SCALE_F32 case applies to any lane (_div_scale's `ordinary`,
+    on the bits: unsigned range tests, the exponents as int32)."""
+    e1 = (np.asarray(s1).view(U32) >> U32(23)) & U32(0xFF)
+    e2 = (np.asarray(s2).view(U32) >> U32(23)) & U32(0xFF)
+    # 1 <= e1 < 253, 24 <= e2 < 255, -124 <= e2 - e1 < 96
+    ordinary = ((e1 - U32(1)) < U32(252)) & ((e2 - U32(24)) < U32(231)) & ((e2 - e1 + U32(124)) < U32(220))
+    return bool(ordinary.all())
+
+
 def _div_scale(s0, s1, s2):
     """V_DIV_SCALE_F32/F64: (scaled S0, VCC), the cases in the pseudocode's order."""
+    if np.asarray(s0).dtype == F32 and _ordinary_f32_division(s1, s2):
+        shape = np.broadcast_shapes(np.shape(s0), np.shape(s1), np.shape(s2))
+        return np.array(np.broadcast_to(s0, shape)), np.zeros(shape, bool)
     s0, s1, s2 = np.broadcast_arrays(*(np.asarray(x) for x in (s0, s1, s2)))
     dtype = s0.dtype
     exponent_bits, mantissa_bits, scale, gap = _DIV[dtype.itemsize]
@@ -342,6 +355,10 @@ def _div_fixup(quotient, denominator, numerator):
     subnormal) is taken as zero, the IEEE result there; its OVERFLOW case
     (exponent(d) all ones) is unreachable after the infinity and NaN cases, and a
     NaN quotient is an overflow (reading 4 above)."""
+    if np.asarray(quotient).dtype == F32:
+        fast = _ordinary_f32_fixup(quotient, denominator, numerator)
+        if fast is not None:
+            return fast
     q, d, n = np.broadcast_arrays(*(np.asarray(x) for x in (quotient, denominator, numerator)))
     size = q.dtype.itemsize
     negative = np.signbit(d) ^ np.signbit(n)
@@ -366,6 +383,21 @@ def _div_fixup(quotient, denominator, numerator):
     magnitude = np.select([c for c, _ in cases], [v for _, v in cases], np.abs(q))
     signs_apply = ~(np.isnan(n) | np.isnan(d) | cases[2][0])
     return np.where(signs_apply & negative, -magnitude, magnitude).astype(q.dtype)
+
+
+def _ordinary_f32_fixup(quotient, denominator, numerator):
+    """V_DIV_FIXUP_F32 when every lane divides normal numbers into a quotient that
+    is not NaN and does not underflow (none of _div_fixup's cases): |q| with the
+    sign of the division, on the bits; None otherwise."""
+    q, d, n = (np.asarray(x).view(U32) for x in (quotient, denominator, numerator))
+    ed, en = (d >> U32(23)) & U32(0xFF), (n >> U32(23)) & U32(0xFF)
+    magnitude = q & U32(0x7FFFFFFF)
+    # normal d and n (fields 1..254), field(n) - field(d) >= -150, q not NaN
+    ordinary = ((ed - U32(1)) < U32(254)) & ((en - U32(1)) < U32(254)) & (en + U32(150) >= ed) \
+        & (magnitude <= U32(0x7F800000))
+    if not ordinary.all():
+        return None
+    return (magnitude | ((d ^ n) & U32(0x80000000))).view(F32)
 
 
 def minmax(dtype):
