@@ -281,21 +281,27 @@ def _denormal(x, dtype=None):
     return (x != 0) & (np.abs(x) < tiny)
 
 
-def _ordinary_f32_division(s1, s2) -> bool:
-    """Whether no V_DIV_SCALE_F32 case applies to any lane (_div_scale's `ordinary`,
-    on the bits: unsigned range tests, the exponents as int32)."""
-    e1 = (np.asarray(s1).view(U32) >> U32(23)) & U32(0xFF)
-    e2 = (np.asarray(s2).view(U32) >> U32(23)) & U32(0xFF)
+def _ordinary_f32_division(s1, s2):
+    """Lanes of V_DIV_SCALE_F32 where no case applies (_div_scale's `ordinary`, on the
+    bits: unsigned range tests) or only the first (a zero operand: D = NaN): the
+    zero lanes' mask (or False for none); None when another case applies somewhere."""
+    b1, b2 = np.asarray(s1).view(U32), np.asarray(s2).view(U32)
+    e1, e2 = (b1 >> U32(23)) & U32(0xFF), (b2 >> U32(23)) & U32(0xFF)
     # 1 <= e1 < 253, 24 <= e2 < 255, -124 <= e2 - e1 < 96
     ordinary = ((e1 - U32(1)) < U32(252)) & ((e2 - U32(24)) < U32(231)) & ((e2 - e1 + U32(124)) < U32(220))
-    return bool(ordinary.all())
+    if ordinary.all():
+        return False
+    zero = ((b1 & U32(0x7FFFFFFF)) == 0) | ((b2 & U32(0x7FFFFFFF)) == 0)
+    return zero if (ordinary | zero).all() else None
 
 
 def _div_scale(s0, s1, s2):
     """V_DIV_SCALE_F32/F64: (scaled S0, VCC), the cases in the pseudocode's order."""
-    if np.asarray(s0).dtype == F32 and _ordinary_f32_division(s1, s2):
+    zero = _ordinary_f32_division(s1, s2) if np.asarray(s0).dtype == F32 else None
+    if zero is not None:
         shape = np.broadcast_shapes(np.shape(s0), np.shape(s1), np.shape(s2))
-        return np.array(np.broadcast_to(s0, shape)), np.zeros(shape, bool)
+        d = np.where(zero, F32(np.nan), s0) if zero is not False else s0
+        return np.array(np.broadcast_to(d, shape)), np.zeros(shape, bool)
     s0, s1, s2 = np.broadcast_arrays(*(np.asarray(x) for x in (s0, s1, s2)))
     dtype = s0.dtype
     exponent_bits, mantissa_bits, scale, gap = _DIV[dtype.itemsize]
@@ -387,16 +393,20 @@ def _div_fixup(quotient, denominator, numerator):
 
 def _ordinary_f32_fixup(quotient, denominator, numerator):
     """V_DIV_FIXUP_F32 when every lane divides normal numbers into a quotient that
-    is not NaN and does not underflow (none of _div_fixup's cases): |q| with the
-    sign of the division, on the bits; None otherwise."""
+    is not NaN and does not underflow (none of _div_fixup's cases: |q| with the
+    sign of the division), or zero by a normal number (a signed zero), on the
+    bits; None otherwise."""
     q, d, n = (np.asarray(x).view(U32) for x in (quotient, denominator, numerator))
     ed, en = (d >> U32(23)) & U32(0xFF), (n >> U32(23)) & U32(0xFF)
     magnitude = q & U32(0x7FFFFFFF)
     # normal d and n (fields 1..254), field(n) - field(d) >= -150, q not NaN
     ordinary = ((ed - U32(1)) < U32(254)) & ((en - U32(1)) < U32(254)) & (en + U32(150) >= ed) \
         & (magnitude <= U32(0x7F800000))
-    if not ordinary.all():
-        return None
+    if not ordinary.all():  # lanes dividing zero by a normal number: a signed zero
+        zero = (n & U32(0x7FFFFFFF)) == 0
+        if not (ordinary | (zero & ((ed - U32(1)) < U32(254)))).all():
+            return None
+        magnitude = np.where(zero, U32(0), magnitude)
     return (magnitude | ((d ^ n) & U32(0x80000000))).view(F32)
 
 
