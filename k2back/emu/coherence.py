@@ -131,6 +131,35 @@ class Overlay:
             groups.append((page, where, flat[where] & (PAGE - 1)))
         return groups
 
+    def _line(self, line: int):
+        """(data, present, the line's slice of them) of a line's page, or None."""
+        entry = self.pages.get(line >> (PAGE_BITS - LINE_BITS))
+        if entry is None:
+            return None
+        start = (line << LINE_BITS) & (PAGE - 1)
+        return entry[0], entry[1], slice(start, start + LINE)
+
+    def drop_line(self, line: int) -> None:
+        """drop(line_bytes(line))."""
+        held = self._line(line)
+        if held is not None:
+            held[1][held[2]] = False
+
+    def take_line(self, line: int):
+        """take(line_bytes(line))."""
+        held = self._line(line)
+        if held is None:
+            return None
+        data, present, where = held
+        offsets = np.flatnonzero(present[where])
+        taken = None
+        if offsets.size:
+            taken = (line << LINE_BITS) + offsets, data[where][offsets]
+            present[where] = False
+        if not present.any():
+            del self.pages[line >> (PAGE_BITS - LINE_BITS)]
+        return taken
+
     def has_page(self, flat: np.ndarray) -> bool:
         """Whether it holds anything in the page of flat's first byte (a quick test)."""
         return int(flat[0]) >> PAGE_BITS in self.pages
@@ -243,7 +272,7 @@ class PrivateCache:
             self.l2.region_readers.setdefault(base, set()).add(self)
 
     def drop(self, line: int) -> None:
-        self.copies.drop(line_bytes(line))
+        self.copies.drop_line(line)
         self.saved.discard(line)
 
     def invalidate(self) -> None:
@@ -526,18 +555,15 @@ class StrictMemory(IdealMemory):
 
     def _write_back_line(self, line: int) -> None:
         """Every L2's dirty bytes of `line` to memory."""
-        where = line_bytes(line)
         for l2 in self.l2s:
-            if l2.dirty.has_page(where):
-                self._write_back(l2, l2.dirty.take(where))
+            self._write_back(l2, l2.dirty.take_line(line))
 
     def _refresh(self, line: int, w) -> None:
         """w's caches drop their copies of `line`: its next read sees memory."""
         cu = w.group.cu
-        where = line_bytes(line)
-        if cu.l2.stale.has_page(where):
+        if cu.l2.stale.has_page(line_bytes(line)):
             self._save_lines(cu.l2, [line], keep=cu.l1)
-            cu.l2.stale.drop(where)
+            cu.l2.stale.drop_line(line)
         cu.l1.drop(line)
 
     def end(self) -> None:
