@@ -78,12 +78,22 @@ def byte_addresses(addresses: np.ndarray, size: int) -> np.ndarray:
     return (addresses.astype(np.int64)[:, None] + np.arange(size)).reshape(-1)
 
 
+def distinct(values: np.ndarray) -> np.ndarray:
+    """np.unique of int64 values (sorted), by counting when they lie close together."""
+    if not values.size:
+        return values
+    low = int(values.min())
+    if int(values.max()) - low > 4 * values.size + 1024:
+        return np.unique(values)
+    return np.flatnonzero(np.bincount(values - low)) + low
+
+
 def lines_of(addresses: np.ndarray, size: int) -> np.ndarray:
     """The distinct line numbers an access of `size` bytes at each address touches."""
     starts = addresses.astype(np.int64)
     first, last = starts >> LINE_BITS, (starts + size - 1) >> LINE_BITS
     if (first == last).all():
-        return np.unique(first)
+        return distinct(first)
     return np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
 
 
@@ -427,7 +437,7 @@ class StrictMemory(IdealMemory):
         """Perform a store: dirty in the XCD's L2, seen by the CU's own L1 (write-
         through). Returns whether it reached a line some wave sleeps on."""
         l2 = cu.l2
-        lines = np.unique(flat >> LINE_BITS) if l2.holders or l2.region_readers or self.polled else None
+        lines = distinct(flat >> LINE_BITS) if l2.holders or l2.region_readers or self.polled else None
         if l2.holders or l2.region_readers:
             self._save_lines(l2, lines, keep=cu.l1)
         l2.dirty.put(flat, values)
