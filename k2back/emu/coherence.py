@@ -134,11 +134,12 @@ class Overlay:
             cuts = np.flatnonzero(steps) + 1
             bounds = [0, *cuts.tolist(), flat.size]
             return [(int(pages[a]), slice(a, b), flat[a:b] & (PAGE - 1)) for a, b in itertools.pairwise(bounds)]
-        keys, inverse = np.unique(pages, return_inverse=True)
+        order = np.argsort(pages, kind="stable")  # by page, positions ascending within one
+        cuts = np.flatnonzero(np.diff(pages[order])) + 1
         groups = []
-        for i, page in enumerate(keys.tolist()):
-            where = np.flatnonzero(inverse == i)
-            groups.append((page, where, flat[where] & (PAGE - 1)))
+        for a, b in itertools.pairwise([0, *cuts.tolist(), flat.size]):
+            where = order[a:b]
+            groups.append((int(pages[where[0]]), where, flat[where] & (PAGE - 1)))
         return groups
 
     def _line(self, line: int):
