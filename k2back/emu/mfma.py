@@ -294,7 +294,7 @@ class MfmaForm:
             return None
         if self.scaled or any(p.register_gather is None for p in places):
             return None
-        operands = tuple((p.element.decode, np.dtype(f"<u{p.element.bits // 8}"), p.register_gather)
+        operands = tuple((_float64_values(p.element), np.dtype(f"<u{p.element.bits // 8}"), p.register_gather)
                          for p in places)
         eight_bit = max(p.element.bits for p in places) <= 8
         return operands, _accumulator_registers(self.m), places[0].element.min_exponent, \
@@ -310,13 +310,21 @@ class MfmaForm:
         regs * 64] of several, c f32 [c_regs * 64] or [waves, c_regs * 64];
         returns d f32 like a (register r of lane ℓ at r * 64 + ℓ)."""
         operands, (to_matrix, to_registers), a_min, b_min, eight_bit = self._register_plan
-        a_matrix, b_matrix = (decode(codes.view(dtype)[..., gather]).astype(np.float64)
-                              for (decode, dtype, gather), codes in zip(operands, (a, b)))
+        a_matrix, b_matrix = (values[codes.view(dtype)[..., gather]]
+                              for (values, dtype, gather), codes in zip(operands, (a, b)))
         c_matrix = c[..., to_matrix]
         if a.ndim > 1 and accumulate != "exact":
             c_matrix = np.broadcast_to(c_matrix, (a.shape[0], self.m, self.m))
         d = _sum(accumulate, a_matrix, b_matrix, c_matrix, a_min, b_min, eight_bit)
         return d.reshape(*a.shape[:-1], -1)[..., to_registers]
+
+
+@functools.cache
+def _float64_values(element: Element) -> np.ndarray:
+    """float64 [2^bits]: every code of an 8- or 16-bit element decoded (a lookup
+    instead of the decode's arithmetic, the same values)."""
+    with np.errstate(invalid="ignore"):  # signalling NaNs quiet, as the decode's own cast does
+        return element.decode(np.arange(1 << element.bits, dtype=f"<u{element.bits // 8}")).astype(np.float64)
 
 
 def _sum(accumulate, a_matrix, b_matrix, c_matrix, a_min, b_min, eight_bit):
