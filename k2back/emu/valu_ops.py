@@ -26,7 +26,7 @@ LANE = np.arange(LANES)
 
 
 def fma32(a, b, c):
-    return (np.float64(1) * a * b + c).astype(F32)
+    return (np.multiply(a, b, dtype=np.float64) + c).astype(F32)
 
 
 def fma16(a, b, c):
@@ -164,6 +164,8 @@ def _ieee_pick(a, b, pick_a, zero_pick_a):
 def ieee_max(a, b):
     fast = np.maximum(a, b)
     if not np.isnan(fast).any():  # numpy's answer but for two zeros: +0 unless both are -0
+        if not (fast == 0).any():  # (two zeros give a zero)
+            return fast
         both = (np.asarray(a) == 0) & (np.asarray(b) == 0)
         if not both.any():
             return fast
@@ -174,6 +176,8 @@ def ieee_max(a, b):
 def ieee_min(a, b):
     fast = np.minimum(a, b)
     if not np.isnan(fast).any():  # numpy's answer but for two zeros: -0 unless both are +0
+        if not (fast == 0).any():  # (two zeros give a zero)
+            return fast
         both = (np.asarray(a) == 0) & (np.asarray(b) == 0)
         if not both.any():
             return fast
@@ -186,6 +190,8 @@ def _med3(a, b, c):
     operands that are not the max3."""
     fast = np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c))
     if not np.isnan(fast).any():  # numpy's median, unless two operands are zeros (signs)
+        if not (fast == 0).any():  # (with two zeros the median is a zero)
+            return fast
         za, zb, zc = (np.asarray(x) == 0 for x in (a, b, c))
         if not ((za & (zb | zc)) | (zb & zc)).any():
             return fast
