@@ -489,27 +489,44 @@ class StrictMemory(IdealMemory):
     def _save_lines(self, l2: L2, lines, keep) -> None:
         """`l2`'s view of `lines` is about to change: the CU caches holding them (but
         `keep`, whose copy follows the change) keep the lines as they were."""
-        region = None
-        for line in np.asarray(lines).tolist():
-            owners = l2.holders.get(line)
-            if l2.region_readers:
-                address = line << LINE_BITS
-                if region is None or not region.base <= address < region.end:
-                    region = self.memory.region_at(address)
-                readers = l2.region_readers.get(region.base) if region is not None else None
-                if readers:
-                    owners = readers if not owners else owners | readers
-            if not owners:
-                continue
-            savers = [c for c in owners if c is not keep and line not in c.saved]
-            if not savers:
-                continue
+        lines = np.asarray(lines).tolist()
+        if not lines:
+            return
+        savers = {}  # line -> the caches that keep it (the order is immaterial: nothing
+        if l2.holders:  # it does changes what another line's or cache's save sees)
+            for line in lines:
+                for cache in l2.holders.get(line, ()):
+                    if cache is not keep and line not in cache.saved:
+                        savers.setdefault(line, set()).add(cache)
+        if l2.region_readers:
+            for base, group in self._by_region(lines).items():
+                for cache in l2.region_readers.get(base, ()):
+                    if cache is not keep:
+                        for line in group.difference(cache.saved):
+                            savers.setdefault(line, set()).add(cache)
+        for line, caches in savers.items():
             where = line_bytes(line)
             view = self.memory.peek(where)
             self._view(l2, where, view)
-            for cache in savers:
+            for cache in caches:
                 cache.copies.put(where, view, missing_only=True)
                 cache.saved.add(line)
+
+    def _by_region(self, lines: list[int]) -> dict:
+        """{buffer base: the set of `lines` starting in it}."""
+        region = self.memory.region_at(lines[0] << LINE_BITS)
+        if region is not None and region.base <= min(lines) << LINE_BITS and max(lines) << LINE_BITS < region.end:
+            return {region.base: set(lines)}
+        groups, region = {}, None
+        for line in lines:
+            address = line << LINE_BITS
+            if region is None or not region.base <= address < region.end:
+                region = self.memory.region_at(address)
+                if region is None:
+                    continue
+                group = groups.setdefault(region.base, set())
+            group.add(line)
+        return groups
 
     # ------------------------------------------------------------------ invalidation
 
