@@ -58,7 +58,7 @@ def decode_mfma(ins, ctx):
                  "scale_b_byte": op_sel[1] + 2 * op_sel_hi[1]}
     na, nb, nc = counts[0], counts[1], form.c_regs
     extra["accumulate"] = ctx.machine.numerics.mfma_accumulate
-    if not (form.scaled or any(mods.values())) and form.on_registers_ok():
+    if not any(mods.values()) and form.on_registers_ok():
         return _on_registers(ins, form, (a_row, na), (b_row, nb), (d_row, nc), c, extra["accumulate"], ctx)
 
     def run(w):
@@ -107,13 +107,7 @@ def _on_registers(ins, form, a, b, d, c, accumulate, ctx):
     register-major (mfma.MfmaForm.on_registers), no lane-major copies."""
     where = ins.where()
     (a_row, na), (b_row, nb), (d_row, nc) = a, b, d
-    if c.file == "const":
-        value = vector_reader(c, np.dtype(np.float32), where)(None)
-        constant = np.full(64 * nc, value, np.float32)
-        read_c = lambda w: constant  # noqa: E731
-    else:
-        c_row = ctx.vector_row(c, nc, ins)
-        read_c = lambda w: _rows(w, c_row, nc).view(np.float32)  # noqa: E731
+    read_c = _accumulator_rows(ctx, c, nc, ins)
 
     def run(w):
         if not w.full:
@@ -126,6 +120,16 @@ def _on_registers(ins, form, a, b, d, c, accumulate, ctx):
             r[d_row:d_row + nc] = result.view(U32).reshape(result.shape[0], nc, 64).transpose(1, 0, 2)
     run.batchable = True
     return run
+
+
+def _accumulator_rows(ctx, op, count, ins):
+    """fn(wave) -> f32 accumulator input register-major, [count * 64] or [waves,
+    count * 64] (a register tuple or a constant)."""
+    if op.file == "const":
+        constant = _accumulator(ctx, op, count, ins)(None).T.reshape(-1)
+        return lambda w: constant
+    row = ctx.vector_row(op, count, ins)
+    return lambda w: _rows(w, row, count).view(np.float32)
 
 
 def _rows(w, row: int, count: int) -> np.ndarray:
