@@ -262,8 +262,12 @@ def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high:
     if dtype.itemsize == 8:
         def write64(w, value):
             bits = np.asarray(value, dtype).view(np.uint64)
-            np.copyto(w.r[i], bits.astype(np.uint32), where=w.mask)
-            np.copyto(w.r[i + 1], (bits >> np.uint64(32)).astype(np.uint32), where=w.mask)
+            low, high = bits.astype(np.uint32), (bits >> np.uint64(32)).astype(np.uint32)
+            if w.full:
+                w.r[i], w.r[i + 1] = low, high
+            else:
+                np.copyto(w.r[i], low, where=w.mask)
+                np.copyto(w.r[i + 1], high, where=w.mask)
         return write64
     if dtype.itemsize == 2:
         shift = 16 if high else 0
