@@ -311,7 +311,8 @@ def _scaled_halves(fmt: MiniFloat, to_bits) -> tuple[np.ndarray, np.ndarray]:
     Built with cvt_scalef32_pk_f32_fp8's arithmetic, so a lookup is that bit for bit."""
     fields = np.arange(256, dtype=np.uint32)
     factor = scale_factor((fields << np.uint32(23)).view(np.float32))
-    low = to_bits(_f32(decode(fmt, np.arange(256))[None, :] * factor[:, None])).astype(np.uint32)
+    with np.errstate(over="ignore"):  # large scales overflow to infinity, as one product would
+        low = to_bits(_f32(decode(fmt, np.arange(256))[None, :] * factor[:, None])).astype(np.uint32)
     return low.reshape(-1), low.reshape(-1) << np.uint32(16)
 
 
