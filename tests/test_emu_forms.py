@@ -404,6 +404,36 @@ def test_batched_alu_forms_match_wave_by_wave(arch, case):
                            f"batched {batched[bad[:4]]}, wave by wave {alone[bad[:4]]}")
 
 
+# fp8 converts (and gfx950's scaled ones): decode, encode into a word of the old value,
+# an SGPR and a VGPR scale.
+CONVERT_FORMS = """
+\tv_cvt_pk_f32_fp8_e32 v[20:21], v1
+\tv_cvt_pk_f32_bf8_sdwa v[22:23], v2 src0_sel:WORD_1
+\tv_cvt_f32_fp8_sdwa v24, v3 src0_sel:BYTE_2
+\tv_mov_b32_e32 v25, v1
+\tv_cvt_pk_fp8_f32 v25, v4, v5
+\tv_cvt_pk_bf8_f32 v25, v6, v7 op_sel:[0,0,1]"""
+SCALED_FORMS = """
+\tv_cvt_scalef32_pk_bf16_fp8 v26, v1, v8
+\tv_cvt_scalef32_pk_bf16_bf8 v27, v2, s5 op_sel:[1,0,0]
+\tv_cvt_scalef32_pk_f32_fp8 v[28:29], v3, v8
+\tv_cvt_scalef32_f32_bf8 v30, v4, s5 op_sel:[1,1,0]"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_fp8_converts_match_wave_by_wave(arch):
+    outputs = [f"v{i}" for i in range(20, 26 if arch == "gfx942" else 31)]
+    code = CONVERT_FORMS + (SCALED_FORMS if arch == "gfx950" else "")
+    body = wave_prologue() + code + "".join(wave_store(reg, i) for i, reg in enumerate(outputs))
+    words = INPUT_DWORDS + THREADS * len(outputs)
+    batched, stats = launch_waves(arch, body, words, batched=True)
+    alone, _ = launch_waves(arch, body, words, batched=False)
+    assert stats.batched >= WAVES * len(code.strip().splitlines())
+    bad = np.flatnonzero(batched != alone)
+    assert bad.size == 0, (f"(slot, thread) {[divmod(int(d) - INPUT_DWORDS, THREADS) for d in bad[:4]]}: "
+                           f"batched {batched[bad[:4]]}, wave by wave {alone[bad[:4]]}")
+
+
 NUM_RECORDS = 8136  # bytes the V# admits: lane 63's x4 load at offset 64 keeps 2 of its dwords
 
 

@@ -78,13 +78,32 @@ def byte_addresses(addresses: np.ndarray, size: int) -> np.ndarray:
     return (addresses.astype(np.int64)[:, None] + np.arange(size)).reshape(-1)
 
 
+def distinct(values: np.ndarray) -> np.ndarray:
+    """np.unique of int64 values (sorted), by counting when they lie close together."""
+    if not values.size:
+        return values
+    low = int(values.min())
+    if int(values.max()) - low > 4 * values.size + 1024:
+        return np.unique(values)
+    return np.flatnonzero(np.bincount(values - low)) + low
+
+
 def lines_of(addresses: np.ndarray, size: int) -> np.ndarray:
     """The distinct line numbers an access of `size` bytes at each address touches."""
     starts = addresses.astype(np.int64)
     first, last = starts >> LINE_BITS, (starts + size - 1) >> LINE_BITS
     if (first == last).all():
-        return np.unique(first)
+        return distinct(first)
     return np.unique(np.concatenate([np.arange(a, b + 1) for a, b in zip(first, last)]))
+
+
+def lines_list(addresses: np.ndarray, size: int) -> list[int]:
+    """lines_of as a list (in no particular order) when each access stays in one
+    line, which a sort cannot be cheaper than; else lines_of's."""
+    first = addresses >> np.uint64(LINE_BITS)
+    if size > 1 and not (first == (addresses + np.uint64(size - 1)) >> np.uint64(LINE_BITS)).all():
+        return lines_of(addresses, size).tolist()
+    return list(set(first.tolist()))
 
 
 def line_bytes(line: int) -> np.ndarray:
@@ -115,12 +134,42 @@ class Overlay:
             cuts = np.flatnonzero(steps) + 1
             bounds = [0, *cuts.tolist(), flat.size]
             return [(int(pages[a]), slice(a, b), flat[a:b] & (PAGE - 1)) for a, b in itertools.pairwise(bounds)]
-        keys, inverse = np.unique(pages, return_inverse=True)
+        order = np.argsort(pages, kind="stable")  # by page, positions ascending within one
+        cuts = np.flatnonzero(np.diff(pages[order])) + 1
         groups = []
-        for i, page in enumerate(keys.tolist()):
-            where = np.flatnonzero(inverse == i)
-            groups.append((page, where, flat[where] & (PAGE - 1)))
+        for a, b in itertools.pairwise([0, *cuts.tolist(), flat.size]):
+            where = order[a:b]
+            groups.append((int(pages[where[0]]), where, flat[where] & (PAGE - 1)))
         return groups
+
+    def _line(self, line: int):
+        """(data, present, the line's slice of them) of a line's page, or None."""
+        entry = self.pages.get(line >> (PAGE_BITS - LINE_BITS))
+        if entry is None:
+            return None
+        start = (line << LINE_BITS) & (PAGE - 1)
+        return entry[0], entry[1], slice(start, start + LINE)
+
+    def drop_line(self, line: int) -> None:
+        """drop(line_bytes(line))."""
+        held = self._line(line)
+        if held is not None:
+            held[1][held[2]] = False
+
+    def take_line(self, line: int):
+        """take(line_bytes(line))."""
+        held = self._line(line)
+        if held is None:
+            return None
+        data, present, where = held
+        offsets = np.flatnonzero(present[where])
+        taken = None
+        if offsets.size:
+            taken = (line << LINE_BITS) + offsets, data[where][offsets]
+            present[where] = False
+        if not present.any():
+            del self.pages[line >> (PAGE_BITS - LINE_BITS)]
+        return taken
 
     def has_page(self, flat: np.ndarray) -> bool:
         """Whether it holds anything in the page of flat's first byte (a quick test)."""
@@ -152,15 +201,20 @@ class Overlay:
         `pages`: flat's _by_page, when the caller puts the same bytes in several overlays."""
         for page, where, offsets in pages or self._by_page(flat):
             entry = self.pages.get(page)
-            if entry is None:
-                entry = self.pages[page] = (np.zeros(PAGE, np.uint8), np.zeros(PAGE, bool))
-            data, present = entry
             chosen = values if where is None else values[where]
-            if missing_only:
-                new = ~present[offsets]
-                data[offsets[new]] = chosen[new]
-            else:
-                data[offsets] = chosen
+            if entry is None:  # a new page: every byte is missing
+                entry = self.pages[page] = (np.zeros(PAGE, np.uint8), np.zeros(PAGE, bool))
+            elif missing_only:
+                held = entry[1][offsets]
+                if held.all():
+                    continue
+                if held.any():
+                    new = ~held
+                    entry[0][offsets[new]] = chosen[new]
+                    entry[1][offsets] = True
+                    continue
+            data, present = entry
+            data[offsets] = chosen
             present[offsets] = True
 
     def drop(self, flat: np.ndarray) -> None:
@@ -215,9 +269,10 @@ class PrivateCache:
         self.regions = set()
         self.saved = set()
 
-    def hold(self, lines: np.ndarray) -> None:
+    def hold(self, lines) -> None:
+        """Hold `lines` (line numbers: an array or a list)."""
         holders = self.l2.holders
-        for line in lines.tolist():
+        for line in (lines.tolist() if isinstance(lines, np.ndarray) else lines):
             if line not in self.held:
                 self.held.add(line)
                 holders.setdefault(line, set()).add(self)
@@ -228,7 +283,7 @@ class PrivateCache:
             self.l2.region_readers.setdefault(base, set()).add(self)
 
     def drop(self, line: int) -> None:
-        self.copies.drop(line_bytes(line))
+        self.copies.drop_line(line)
         self.saved.discard(line)
 
     def invalidate(self) -> None:
@@ -338,19 +393,21 @@ class StrictMemory(IdealMemory):
     # ------------------------------------------------------------------ reads
 
     def load(self, w, addresses, size: int, who, through_l1: bool) -> np.ndarray:
-        data = self.memory.read(addresses, size, who)
+        data, touched = self.memory.read_touched(addresses, size, who)
         cu = w.group.cu
-        region = self.memory.region_of(int(addresses[0]), size, who)
-        if not self.memory.touched(addresses, size, region):
+        if not touched:
             if through_l1:
-                cu.l1.hold_region(region.base)
+                cu.l1.hold_region(self.memory.region_of(int(addresses[0]), size, who).base)
             return data
-        flat = byte_addresses(addresses, size)
-        values = data.reshape(-1)
-        self._view(cu.l2, flat, values, count=True)
+        l2 = cu.l2
+        if l2.stale or l2.dirty or (through_l1 and cu.l1.copies):
+            flat = byte_addresses(addresses, size)
+            values = data.reshape(-1)
+            self._view(l2, flat, values, count=True)
+            if through_l1:
+                self.stale_bytes += cu.l1.copies.apply(flat, values)
         if through_l1:
-            self.stale_bytes += cu.l1.copies.apply(flat, values)
-            cu.l1.hold(lines_of(addresses, size))
+            cu.l1.hold(lines_list(addresses, size))
         return data
 
     def load_scalar(self, w, region, start: int, count: int, cached: bool) -> np.ndarray:
@@ -381,7 +438,7 @@ class StrictMemory(IdealMemory):
         """Perform a store: dirty in the XCD's L2, seen by the CU's own L1 (write-
         through). Returns whether it reached a line some wave sleeps on."""
         l2 = cu.l2
-        lines = np.unique(flat >> LINE_BITS) if l2.holders or l2.region_readers or self.polled else None
+        lines = distinct(flat >> LINE_BITS) if l2.holders or l2.region_readers or self.polled else None
         if l2.holders or l2.region_readers:
             self._save_lines(l2, lines, keep=cu.l1)
         l2.dirty.put(flat, values)
@@ -432,27 +489,44 @@ class StrictMemory(IdealMemory):
     def _save_lines(self, l2: L2, lines, keep) -> None:
         """`l2`'s view of `lines` is about to change: the CU caches holding them (but
         `keep`, whose copy follows the change) keep the lines as they were."""
-        region = None
-        for line in np.asarray(lines).tolist():
-            owners = l2.holders.get(line)
-            if l2.region_readers:
-                address = line << LINE_BITS
-                if region is None or not region.base <= address < region.end:
-                    region = self.memory.region_at(address)
-                readers = l2.region_readers.get(region.base) if region is not None else None
-                if readers:
-                    owners = readers if not owners else owners | readers
-            if not owners:
-                continue
-            savers = [c for c in owners if c is not keep and line not in c.saved]
-            if not savers:
-                continue
+        lines = np.asarray(lines).tolist()
+        if not lines:
+            return
+        savers = {}  # line -> the caches that keep it (the order is immaterial: nothing
+        if l2.holders:  # it does changes what another line's or cache's save sees)
+            for line in lines:
+                for cache in l2.holders.get(line, ()):
+                    if cache is not keep and line not in cache.saved:
+                        savers.setdefault(line, set()).add(cache)
+        if l2.region_readers:
+            for base, group in self._by_region(lines).items():
+                for cache in l2.region_readers.get(base, ()):
+                    if cache is not keep:
+                        for line in group.difference(cache.saved):
+                            savers.setdefault(line, set()).add(cache)
+        for line, caches in savers.items():
             where = line_bytes(line)
             view = self.memory.peek(where)
             self._view(l2, where, view)
-            for cache in savers:
+            for cache in caches:
                 cache.copies.put(where, view, missing_only=True)
                 cache.saved.add(line)
+
+    def _by_region(self, lines: list[int]) -> dict:
+        """{buffer base: the set of `lines` starting in it}."""
+        region = self.memory.region_at(lines[0] << LINE_BITS)
+        if region is not None and region.base <= min(lines) << LINE_BITS and max(lines) << LINE_BITS < region.end:
+            return {region.base: set(lines)}
+        groups, region = {}, None
+        for line in lines:
+            address = line << LINE_BITS
+            if region is None or not region.base <= address < region.end:
+                region = self.memory.region_at(address)
+                if region is None:
+                    continue
+                group = groups.setdefault(region.base, set())
+            group.add(line)
+        return groups
 
     # ------------------------------------------------------------------ invalidation
 
@@ -509,18 +583,15 @@ class StrictMemory(IdealMemory):
 
     def _write_back_line(self, line: int) -> None:
         """Every L2's dirty bytes of `line` to memory."""
-        where = line_bytes(line)
         for l2 in self.l2s:
-            if l2.dirty.has_page(where):
-                self._write_back(l2, l2.dirty.take(where))
+            self._write_back(l2, l2.dirty.take_line(line))
 
     def _refresh(self, line: int, w) -> None:
         """w's caches drop their copies of `line`: its next read sees memory."""
         cu = w.group.cu
-        where = line_bytes(line)
-        if cu.l2.stale.has_page(where):
+        if cu.l2.stale.has_page(line_bytes(line)):
             self._save_lines(cu.l2, [line], keep=cu.l1)
-            cu.l2.stale.drop(where)
+            cu.l2.stale.drop_line(line)
         cu.l1.drop(line)
 
     def end(self) -> None:

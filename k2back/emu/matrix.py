@@ -58,6 +58,8 @@ def decode_mfma(ins, ctx):
                  "scale_b_byte": op_sel[1] + 2 * op_sel_hi[1]}
     na, nb, nc = counts[0], counts[1], form.c_regs
     extra["accumulate"] = ctx.machine.numerics.mfma_accumulate
+    if not any(mods.values()) and form.on_registers_ok():
+        return _on_registers(ins, form, (a_row, na), (b_row, nb), (d_row, nc), c, extra["accumulate"], ctx)
 
     def run(w):
         if not w.full:
@@ -98,3 +100,40 @@ def _accumulator(ctx, op, count, ins):
         return lambda w: constant
     row = ctx.vector_row(op, count, ins)
     return lambda w: _lane_major(w.r[row:row + count]).view(np.float32)
+
+
+def _on_registers(ins, form, a, b, d, c, accumulate, ctx):
+    """The run of an unscaled 8- or 16-bit form: operands read and the result written
+    register-major (mfma.MfmaForm.on_registers), no lane-major copies."""
+    where = ins.where()
+    (a_row, na), (b_row, nb), (d_row, nc) = a, b, d
+    read_c = _accumulator_rows(ctx, c, nc, ins)
+
+    def run(w):
+        if not w.full:
+            raise UnsupportedInstruction(f"{ins.mnemonic} under a partial exec mask ({where}, {w.name})")
+        result = form.on_registers(_rows(w, a_row, na), _rows(w, b_row, nb), read_c(w), accumulate)
+        r = w.r
+        if result.ndim == 1:
+            r[d_row:d_row + nc] = result.view(U32).reshape(nc, 64)
+        else:  # a Batch's registers are [register, wave, lane]
+            r[d_row:d_row + nc] = result.view(U32).reshape(result.shape[0], nc, 64).transpose(1, 0, 2)
+    run.batchable = True
+    return run
+
+
+def _accumulator_rows(ctx, op, count, ins):
+    """fn(wave) -> f32 accumulator input register-major, [count * 64] or [waves,
+    count * 64] (a register tuple or a constant)."""
+    if op.file == "const":
+        constant = _accumulator(ctx, op, count, ins)(None).T.reshape(-1)
+        return lambda w: constant
+    row = ctx.vector_row(op, count, ins)
+    return lambda w: _rows(w, row, count).view(np.float32)
+
+
+def _rows(w, row: int, count: int) -> np.ndarray:
+    """Registers row..row+count-1 register-major: [count * 64] of a wave, [waves,
+    count * 64] of a Batch (views where the layout allows)."""
+    rows = w.r[row:row + count]
+    return rows.reshape(-1) if rows.ndim == 2 else rows.transpose(1, 0, 2).reshape(rows.shape[1], -1)

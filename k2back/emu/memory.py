@@ -33,10 +33,18 @@ class Region:
     read: int = 0
     written: int = 0
     touched: bool = False  # a store of the current launch wrote to it
+    windows: dict = dataclasses.field(default_factory=dict, repr=False)  # size -> sliding_window_view
 
     @property
     def end(self) -> int:
         return self.base + self.data.size
+
+    def rows(self, offsets: np.ndarray, size: int) -> np.ndarray:
+        """uint8 [lanes, size]: the `size` bytes at each byte offset (all in range), copied."""
+        window = self.windows.get(size)
+        if window is None:
+            window = self.windows[size] = np.lib.stride_tricks.sliding_window_view(self.data, size)
+        return window[offsets]
 
 
 def byte_view(array, argument: str = "array") -> np.ndarray:
@@ -91,12 +99,16 @@ class GlobalMemory:
             return self.regions[index]
         return None
 
-    def touched(self, addresses: np.ndarray, size: int, region: Region) -> bool:
-        """Whether an access (whose first lane is in `region`) reaches a buffer some
-        store of the launch wrote to."""
-        if int(addresses.max()) + size <= region.end and int(addresses.min()) >= region.base:
-            return region.touched
-        return any(r.touched for r, _, _ in self.locate(addresses, size, lambda: "a load"))
+    def read_touched(self, addresses: np.ndarray, size: int, who) -> tuple[np.ndarray, bool]:
+        """(read(addresses, size, who), whether the access reaches a buffer some store
+        of the launch wrote to)."""
+        low, high = int(addresses.min()), int(addresses.max())
+        region = self.region_at(low)
+        if region is None or high + size > region.end or size > region.data.size:
+            parts = self.locate(addresses, size, who)
+            return self.read(addresses, size, who), any(r.touched for r, _, _ in parts)
+        region.read += addresses.size * size
+        return region.rows(addresses.astype(np.int64) - region.base, size), region.touched
 
     def _spans(self, flat: np.ndarray):
         """(region, positions in flat, byte offsets) for the mapped bytes of `flat`."""

@@ -122,6 +122,25 @@ def _operand_gather(m: int, k: int, chunk: int) -> np.ndarray:
 
 
 @functools.cache
+def _register_gather(m: int, k: int, chunk: int, bits: int) -> np.ndarray:
+    """[m, k] indices into the register-major codes [regs, 64, 32 / bits] of an
+    8- or 16-bit operand: _operand_gather without the lane-major copy."""
+    per_register, kpl = 32 // bits, k * m // WAVE
+    lane, slot = np.divmod(_operand_gather(m, k, chunk), kpl)
+    register, within = np.divmod(slot, per_register)
+    return (register * WAVE + lane) * per_register + within
+
+
+@functools.cache
+def _accumulator_registers(m: int) -> tuple[np.ndarray, np.ndarray]:
+    """_accumulator_gather on register-major C/D [regs, 64]: (-> [m, m], [m, m] -> registers)."""
+    to_matrix, to_lanes = _accumulator_gather(m)
+    regs = m * m // WAVE
+    lane, register = np.divmod(to_matrix, regs)
+    return register * WAVE + lane, to_lanes.T.reshape(-1)
+
+
+@functools.cache
 def _accumulator_gather(m: int) -> tuple[np.ndarray, np.ndarray]:
     """(lanes -> [m, m] matrix, [m, m] matrix -> lanes) index maps of C/D."""
     groups, regs = WAVE // m, m * m // WAVE
@@ -160,6 +179,7 @@ class _Placement:
     element: Element
     regs: int
     gather: np.ndarray  # [m, k] indices into the lane-major unpacked values
+    register_gather: np.ndarray | None  # the same into register-major codes (8- and 16-bit only)
 
     def matrix(self, regs: np.ndarray) -> np.ndarray:
         """Registers [..., 64, regs] -> the [..., m, k] matrices of row (A) / column (B)
@@ -215,7 +235,8 @@ class MfmaForm:
                 f"layout of its operands is documented nowhere we could verify"
             )
         regs = element.bits * per_lane // 32
-        return _Placement(operand, element, regs, _operand_gather(self.m, self.k, chunk))
+        codes = _register_gather(self.m, self.k, chunk, element.bits) if element.bits in (8, 16) else None
+        return _Placement(operand, element, regs, _operand_gather(self.m, self.k, chunk), codes)
 
     def _block_scales(self, scale: np.ndarray | None, byte: int) -> np.ndarray:
         """[m, k] factors: lane ℓ's E8M0 byte over row ℓ % m, k-block ℓ // m."""
@@ -259,13 +280,59 @@ class MfmaForm:
         waves = a.shape[:-2]
         c = np.broadcast_to(np.asarray(c, dtype=np.float32), (*waves, WAVE, self.c_regs))
         c_matrix = c.reshape(*waves, -1)[..., to_matrix]
-        eight_bit = max(a_place.element.bits, b_place.element.bits) <= 8
-        if waves and accumulate != "exact":  # the other models take one wave at a time
-            d = np.stack([accumulate_products(accumulate, a_matrix[i], b_matrix[i], c_matrix[i],
-                                              a_min, b_min, eight_bit) for i in range(waves[0])])
-        else:
-            d = accumulate_products(accumulate, a_matrix, b_matrix, c_matrix, a_min, b_min, eight_bit)
+        d = _sum(accumulate, a_matrix, b_matrix, c_matrix, a_min, b_min,
+                 max(a_place.element.bits, b_place.element.bits) <= 8)
         return d.reshape(*waves, -1)[..., to_lanes]
+
+    @functools.cached_property
+    def _register_plan(self):
+        """What on_registers needs (None: the form is not one it takes): per operand
+        (element, code dtype, gather), then C/D's maps and the min exponents."""
+        try:
+            places = self._placement("a", 0), self._placement("b", 0)
+        except ValueError:
+            return None
+        if self.scaled or any(p.register_gather is None for p in places):
+            return None
+        operands = tuple((_float64_values(p.element), np.dtype(f"<u{p.element.bits // 8}"), p.register_gather)
+                         for p in places)
+        eight_bit = max(p.element.bits for p in places) <= 8
+        return operands, _accumulator_registers(self.m), places[0].element.min_exponent, \
+            places[1].element.min_exponent, eight_bit
+
+    def on_registers_ok(self) -> bool:
+        """Whether on_registers takes this form (unscaled, 8- or 16-bit elements at cbsz/blgp 0)."""
+        return self._register_plan is not None
+
+    def on_registers(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, accumulate: str = "exact") -> np.ndarray:
+        """`self(a, b, c)` of an unscaled form with 8- or 16-bit elements, on
+        register-major operands: a, b uint32 [regs * 64] of one wave or [waves,
+        regs * 64] of several, c f32 [c_regs * 64] or [waves, c_regs * 64];
+        returns d f32 like a (register r of lane ℓ at r * 64 + ℓ)."""
+        operands, (to_matrix, to_registers), a_min, b_min, eight_bit = self._register_plan
+        a_matrix, b_matrix = (values[codes.view(dtype)[..., gather]]
+                              for (values, dtype, gather), codes in zip(operands, (a, b)))
+        c_matrix = c[..., to_matrix]
+        if a.ndim > 1 and accumulate != "exact":
+            c_matrix = np.broadcast_to(c_matrix, (a.shape[0], self.m, self.m))
+        d = _sum(accumulate, a_matrix, b_matrix, c_matrix, a_min, b_min, eight_bit)
+        return d.reshape(*a.shape[:-1], -1)[..., to_registers]
+
+
+@functools.cache
+def _float64_values(element: Element) -> np.ndarray:
+    """float64 [2^bits]: every code of an 8- or 16-bit element decoded (a lookup
+    instead of the decode's arithmetic, the same values)."""
+    with np.errstate(invalid="ignore"):  # signalling NaNs quiet, as the decode's own cast does
+        return element.decode(np.arange(1 << element.bits, dtype=f"<u{element.bits // 8}")).astype(np.float64)
+
+
+def _sum(accumulate, a_matrix, b_matrix, c_matrix, a_min, b_min, eight_bit):
+    """accumulate_products over a leading axis of waves when there is one."""
+    if a_matrix.ndim > 2 and accumulate != "exact":  # the other models take one wave at a time
+        return np.stack([accumulate_products(accumulate, a_matrix[i], b_matrix[i], c_matrix[i],
+                                             a_min, b_min, eight_bit) for i in range(a_matrix.shape[0])])
+    return accumulate_products(accumulate, a_matrix, b_matrix, c_matrix, a_min, b_min, eight_bit)
 
 
 # mnemonic, M, K, A element, B element ('f8f6f4': by cbsz/blgp), scaled, archs

@@ -304,10 +304,25 @@ def cvt_scalef32_pk_f32_fp8(
     return _f32(cvt_pk_f32_fp8(fmt, src, word_sel) * factor)
 
 
+@functools.cache
+def _scaled_halves(fmt: MiniFloat, to_bits) -> tuple[np.ndarray, np.ndarray]:
+    """Every (scale exponent field, code) -> the 16-bit float of code times the scale,
+    as uint32 tables indexed by field << 8 | code: (in the low half, in the high half).
+    Built with cvt_scalef32_pk_f32_fp8's arithmetic, so a lookup is that bit for bit."""
+    fields = np.arange(256, dtype=np.uint32)
+    factor = scale_factor((fields << np.uint32(23)).view(np.float32))
+    with np.errstate(over="ignore"):  # large scales overflow to infinity, as one product would
+        low = to_bits(_f32(decode(fmt, np.arange(256))[None, :] * factor[:, None])).astype(np.uint32)
+    return low.reshape(-1), low.reshape(-1) << np.uint32(16)
+
+
 def _scaled_pk_halves(fmt, src, scale, word_sel, to_bits) -> np.ndarray:
     """Two bytes times the scale, as two 16-bit floats (low half from the low byte)."""
-    values = cvt_scalef32_pk_f32_fp8(fmt, src, scale, word_sel)
-    return pack_halves(to_bits(values))
+    _check_select("word_sel", word_sel, 2)
+    low, high = _scaled_halves(fmt, to_bits)
+    field = (np.asarray(scale, dtype=np.float32).view(np.uint32) >> np.uint32(15)) & np.uint32(0xFF00)
+    word = np.asarray(src, dtype=np.uint32) >> np.uint32(16 * word_sel)
+    return low[field | (word & np.uint32(0xFF))] | high[field | ((word >> np.uint32(8)) & np.uint32(0xFF))]
 
 
 def cvt_scalef32_pk_bf16_fp8(fmt: MiniFloat, src, scale, word_sel: int = 0) -> np.ndarray:
@@ -368,10 +383,17 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     """f32 -> bf16 bit patterns (uint16), round to nearest even; NaN stays a quiet NaN."""
-    bits = _f32(x).view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
-    quiet_nan = (bits >> np.uint32(16)) | np.uint32(0x40)
-    return np.where(np.isnan(_f32(x)), quiet_nan, rounded).astype(np.uint16)
+    return _bf16_bits(_f32(x).view(np.uint32)).astype(np.uint16)
+
+
+def _bf16_bits(bits: np.ndarray) -> np.ndarray:
+    """f32 bit patterns -> bf16 bit patterns (in uint32), as f32_to_bf16."""
+    high = bits >> np.uint32(16)
+    rounded = (bits + np.uint32(0x7FFF) + (high & np.uint32(1))) >> np.uint32(16)
+    nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    if nan.any():
+        return np.where(nan, high | np.uint32(0x40), rounded)
+    return rounded
 
 
 def pack_halves(halves: np.ndarray) -> np.ndarray:
@@ -382,7 +404,8 @@ def pack_halves(halves: np.ndarray) -> np.ndarray:
 
 def cvt_pk_bf16_f32(src0: np.ndarray, src1: np.ndarray) -> np.ndarray:
     """v_cvt_pk_bf16_f32 (gfx950): src0 -> low bf16, src1 -> high bf16, RNE."""
-    return pack_halves(np.stack([f32_to_bf16(src0), f32_to_bf16(src1)], axis=-1))
+    low, high = (_bf16_bits(_f32(x).view(np.uint32)) for x in (src0, src1))
+    return low | (high << np.uint32(16))
 
 
 def f16_to_f32(bits: np.ndarray) -> np.ndarray:

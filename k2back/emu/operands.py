@@ -226,14 +226,18 @@ def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high:
         write = scalar_writer(op, 64, where)
 
         def write_mask(w, m):
-            if w.waves is not None:  # a Batch: each wave its row
-                rows = np.broadcast_to(m, (len(w.waves), LANES))
-                for wave, row in zip(w.waves, rows):
-                    write_mask(wave, row)
+            if w.waves is None:
+                write(w, mask_to_int(m) & w.exec if np.ndim(m) else w.exec if m else 0)
             elif np.ndim(m) == 0:  # a uniform result (both compare operands scalar)
-                write(w, w.exec if m else 0)
-            else:
-                write(w, mask_to_int(m) & w.exec)
+                for wave in w.waves:
+                    write(wave, wave.exec if m else 0)
+            else:  # a Batch: each wave its row (m [waves or 1, 64 or 1])
+                if m.shape[-1] != LANES:
+                    m = np.broadcast_to(m, (len(w.waves), LANES))
+                rows = np.packbits(m, axis=-1, bitorder="little").view("<u8")
+                rows = np.broadcast_to(rows, (len(w.waves), 1)).ravel().tolist()
+                for wave, bits in zip(w.waves, rows):
+                    write(wave, bits & wave.exec)
         return write_mask
     if op.file != "v" or op.neg or op.abs:
         raise UnsupportedInstruction(f"expected a vector destination, got {op.token!r} ({where})")
@@ -258,8 +262,12 @@ def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high:
     if dtype.itemsize == 8:
         def write64(w, value):
             bits = np.asarray(value, dtype).view(np.uint64)
-            np.copyto(w.r[i], bits.astype(np.uint32), where=w.mask)
-            np.copyto(w.r[i + 1], (bits >> np.uint64(32)).astype(np.uint32), where=w.mask)
+            low, high = bits.astype(np.uint32), (bits >> np.uint64(32)).astype(np.uint32)
+            if w.full:
+                w.r[i], w.r[i + 1] = low, high
+            else:
+                np.copyto(w.r[i], low, where=w.mask)
+                np.copyto(w.r[i + 1], high, where=w.mask)
         return write64
     if dtype.itemsize == 2:
         shift = 16 if high else 0

@@ -425,8 +425,8 @@ def _fp8_convert(ins, ctx, base):
     if base in (f"v_cvt_f32_{kind}", f"v_cvt_scalef32_f32_{kind}"):
         write = vector_writer(dst, np.dtype(F32), where)
         if "scalef32" in base:
-            return lambda w: write(w, nx.cvt_scalef32_f32_fp8(fmt, src[0](w), src[1](w), byte_sel))
-        return lambda w: write(w, nx.cvt_f32_fp8(fmt, src[0](w), byte_sel))
+            return batchable(lambda w: write(w, nx.cvt_scalef32_f32_fp8(fmt, src[0](w), src[1](w), byte_sel)))
+        return batchable(lambda w: write(w, nx.cvt_f32_fp8(fmt, src[0](w), byte_sel)))
     if base in (decode_pk, f"v_cvt_scalef32_pk_f32_{kind}"):
         ctx.vector_row(dst, 2, ins)
         write_lo, write_hi = (vector_writer(_register(dst, i), np.dtype(F32), where) for i in (0, 1))
@@ -435,28 +435,28 @@ def _fp8_convert(ins, ctx, base):
                 value = nx.cvt_scalef32_pk_f32_fp8(fmt, src[0](w), src[1](w), word_sel)
                 write_lo(w, value[..., 0])
                 write_hi(w, value[..., 1])
-            return decode_scaled_pair
+            return batchable(decode_scaled_pair)
 
         table = fmt.values  # numerics' decode table of the format, indexed by the byte
 
         def decode_pair(w):  # the two bytes of the selected word
             codes = lanes(src[0](w)).view(np.uint8)
-            low, high = table[codes[2 * word_sel::4]], table[codes[2 * word_sel + 1::4]]
+            low, high = table[codes[..., 2 * word_sel::4]], table[codes[..., 2 * word_sel + 1::4]]
             write_lo(w, low)  # the destination may be the source register
             write_hi(w, high)
-        return decode_pair
+        return batchable(decode_pair)
     if base == f"v_cvt_scalef32_pk_bf16_{kind}":
         write = vector_writer(dst, u32, where)
-        return lambda w: write(w, nx.cvt_scalef32_pk_bf16_fp8(fmt, src[0](w), src[1](w), word_sel))
+        return batchable(lambda w: write(w, nx.cvt_scalef32_pk_bf16_fp8(fmt, src[0](w), src[1](w), word_sel)))
     if base in (f"v_cvt_pk_{kind}_f32", f"v_cvt_scalef32_pk_{kind}_f32"):
         f32 = [vector_reader(op, np.dtype(F32), where) for op in srcs]
         old = vector_reader(dst, u32, where)
         write = vector_writer(dst, u32, where)
         word = op_sel[len(srcs)]
         if "scalef32" in base:
-            return lambda w: write(w, nx.cvt_scalef32_pk_fp8_f32(
-                fmt, f32[0](w), f32[1](w), f32[2](w), old(w), word))
-        return lambda w: write(w, nx.cvt_pk_fp8_f32(fmt, f32[0](w), f32[1](w), old(w), word))
+            return batchable(lambda w: write(w, nx.cvt_scalef32_pk_fp8_f32(
+                fmt, f32[0](w), f32[1](w), f32[2](w), old(w), word)))
+        return batchable(lambda w: write(w, nx.cvt_pk_fp8_f32(fmt, f32[0](w), f32[1](w), old(w), word)))
     raise UnsupportedInstruction(f"{ins.mnemonic} not implemented ({where})")
 
 

@@ -26,7 +26,7 @@ LANE = np.arange(LANES)
 
 
 def fma32(a, b, c):
-    return (np.float64(1) * a * b + c).astype(F32)
+    return (np.multiply(a, b, dtype=np.float64) + c).astype(F32)
 
 
 def fma16(a, b, c):
@@ -164,6 +164,8 @@ def _ieee_pick(a, b, pick_a, zero_pick_a):
 def ieee_max(a, b):
     fast = np.maximum(a, b)
     if not np.isnan(fast).any():  # numpy's answer but for two zeros: +0 unless both are -0
+        if not (fast == 0).any():  # (two zeros give a zero)
+            return fast
         both = (np.asarray(a) == 0) & (np.asarray(b) == 0)
         if not both.any():
             return fast
@@ -174,6 +176,8 @@ def ieee_max(a, b):
 def ieee_min(a, b):
     fast = np.minimum(a, b)
     if not np.isnan(fast).any():  # numpy's answer but for two zeros: -0 unless both are +0
+        if not (fast == 0).any():  # (two zeros give a zero)
+            return fast
         both = (np.asarray(a) == 0) & (np.asarray(b) == 0)
         if not both.any():
             return fast
@@ -186,6 +190,8 @@ def _med3(a, b, c):
     operands that are not the max3."""
     fast = np.maximum(np.minimum(a, b), np.minimum(np.maximum(a, b), c))
     if not np.isnan(fast).any():  # numpy's median, unless two operands are zeros (signs)
+        if not (fast == 0).any():  # (with two zeros the median is a zero)
+            return fast
         za, zb, zc = (np.asarray(x) == 0 for x in (a, b, c))
         if not ((za & (zb | zc)) | (zb & zc)).any():
             return fast
@@ -281,8 +287,27 @@ def _denormal(x, dtype=None):
     return (x != 0) & (np.abs(x) < tiny)
 
 
+def _ordinary_f32_division(s1, s2):
+    """Lanes of V_DIV_SCALE_F32 where no case applies (_div_scale's `ordinary`, on the
+    bits: unsigned range tests) or only the first (a zero operand: D = NaN): the
+    zero lanes' mask (or False for none); None when another case applies somewhere."""
+    b1, b2 = np.asarray(s1).view(U32), np.asarray(s2).view(U32)
+    e1, e2 = (b1 >> U32(23)) & U32(0xFF), (b2 >> U32(23)) & U32(0xFF)
+    # 1 <= e1 < 253, 24 <= e2 < 255, -124 <= e2 - e1 < 96
+    ordinary = ((e1 - U32(1)) < U32(252)) & ((e2 - U32(24)) < U32(231)) & ((e2 - e1 + U32(124)) < U32(220))
+    if ordinary.all():
+        return False
+    zero = ((b1 & U32(0x7FFFFFFF)) == 0) | ((b2 & U32(0x7FFFFFFF)) == 0)
+    return zero if (ordinary | zero).all() else None
+
+
 def _div_scale(s0, s1, s2):
     """V_DIV_SCALE_F32/F64: (scaled S0, VCC), the cases in the pseudocode's order."""
+    zero = _ordinary_f32_division(s1, s2) if np.asarray(s0).dtype == F32 else None
+    if zero is not None:
+        shape = np.broadcast_shapes(np.shape(s0), np.shape(s1), np.shape(s2))
+        d = np.where(zero, F32(np.nan), s0) if zero is not False else s0
+        return np.array(np.broadcast_to(d, shape)), np.zeros(shape, bool)
     s0, s1, s2 = np.broadcast_arrays(*(np.asarray(x) for x in (s0, s1, s2)))
     dtype = s0.dtype
     exponent_bits, mantissa_bits, scale, gap = _DIV[dtype.itemsize]
@@ -342,6 +367,10 @@ def _div_fixup(quotient, denominator, numerator):
     subnormal) is taken as zero, the IEEE result there; its OVERFLOW case
     (exponent(d) all ones) is unreachable after the infinity and NaN cases, and a
     NaN quotient is an overflow (reading 4 above)."""
+    if np.asarray(quotient).dtype == F32:
+        fast = _ordinary_f32_fixup(quotient, denominator, numerator)
+        if fast is not None:
+            return fast
     q, d, n = np.broadcast_arrays(*(np.asarray(x) for x in (quotient, denominator, numerator)))
     size = q.dtype.itemsize
     negative = np.signbit(d) ^ np.signbit(n)
@@ -366,6 +395,25 @@ def _div_fixup(quotient, denominator, numerator):
     magnitude = np.select([c for c, _ in cases], [v for _, v in cases], np.abs(q))
     signs_apply = ~(np.isnan(n) | np.isnan(d) | cases[2][0])
     return np.where(signs_apply & negative, -magnitude, magnitude).astype(q.dtype)
+
+
+def _ordinary_f32_fixup(quotient, denominator, numerator):
+    """V_DIV_FIXUP_F32 when every lane divides normal numbers into a quotient that
+    is not NaN and does not underflow (none of _div_fixup's cases: |q| with the
+    sign of the division), or zero by a normal number (a signed zero), on the
+    bits; None otherwise."""
+    q, d, n = (np.asarray(x).view(U32) for x in (quotient, denominator, numerator))
+    ed, en = (d >> U32(23)) & U32(0xFF), (n >> U32(23)) & U32(0xFF)
+    magnitude = q & U32(0x7FFFFFFF)
+    # normal d and n (fields 1..254), field(n) - field(d) >= -150, q not NaN
+    ordinary = ((ed - U32(1)) < U32(254)) & ((en - U32(1)) < U32(254)) & (en + U32(150) >= ed) \
+        & (magnitude <= U32(0x7F800000))
+    if not ordinary.all():  # lanes dividing zero by a normal number: a signed zero
+        zero = (n & U32(0x7FFFFFFF)) == 0
+        if not (ordinary | (zero & ((ed - U32(1)) < U32(254)))).all():
+            return None
+        magnitude = np.where(zero, U32(0), magnitude)
+    return (magnitude | ((d ^ n) & U32(0x80000000))).view(F32)
 
 
 def minmax(dtype):
@@ -415,7 +463,7 @@ VOP: dict[str, tuple[str, str, object]] = {
     **{f"v_cvt_f32_ubyte{i}": ("f32", "u32", _ubyte_to_f32(i)) for i in range(4)},
     "v_cvt_pkrtz_f16_f32": ("b32", "f32 f32", lambda a, b: nx.pack_halves(
         np.stack(np.broadcast_arrays(_f16_rtz(a).view(np.uint16), _f16_rtz(b).view(np.uint16)), -1))),
-    "v_cvt_pk_bf16_f32": ("b32", "f32 f32", lambda a, b: nx.cvt_pk_bf16_f32(*np.broadcast_arrays(a, b))),
+    "v_cvt_pk_bf16_f32": ("b32", "f32 f32", nx.cvt_pk_bf16_f32),
     "v_pack_b32_f16": ("b32", "b16 b16", lambda a, b: a.astype(U32) | (b.astype(U32) << U32(16))),
     # f64
     "v_add_f64": ("f64", "f64 f64", np.add),
