@@ -2,8 +2,8 @@
 
 Scheduling: every workgroup of a launch is resident. Waves run round-robin in
 quanta of `quantum` instructions, workgroups in `order`; within a workgroup's
-turn the waves at the lowest PC go first, and several waves at one VALU or MFMA
-instruction run it once over [waves, 64] lanes (`Machine._run_turn`). A wave
+turn the waves at the lowest PC go first, in lock-step, and several waves at one
+VALU or MFMA instruction run it once over [waves, 64] lanes (`Machine._run_turn`). A wave
 gives up the rest of its quantum at `s_sleep N` (and then sits out N rounds,
 unless a store reaches the line it polls: coherence.py), at `s_barrier` (until
 every live wave of its workgroup arrived), at `s_endpgm`, and when an
@@ -238,6 +238,7 @@ class Machine:
         # where a wave running alone stops to let the scheduler choose again: before
         # a batchable instruction, and before every memory or synchronising one
         stops = [batch or cls not in SOLO_CLASSES for batch, cls in zip(batchable, classes)]
+        jumps = [cls == "branch" for cls in classes]
         code = checked
         self._timer = timer = self._timing(kernel, classes, mem)
         scoreboard = inflight.Scoreboard(kernel, setup.accum_offset)
@@ -248,7 +249,7 @@ class Machine:
                 if timer is not None:  # timing mode: waves one at a time, in modeled time order
                     timer.schedule(groups, code, kernel, stats, scoreboard)
                 else:
-                    self._schedule(groups, code, (batchable, stops), kernel, stats, scoreboard)
+                    self._schedule(groups, code, (batchable, stops, jumps), kernel, stats, scoreboard)
             mem.end()
         finally:
             for base in launch_buffers:
@@ -322,15 +323,16 @@ class Machine:
         are ready: a wave released by a barrier or woken during the turn runs in
         it if its place comes later.
         Otherwise (from when two or more of the waves whose place comes later
-        are ready: e.g. the waves a barrier released) the waves at the lowest
-        PC: when several are there and the
-        instruction is batchable, it runs once over each contiguous run of them
-        (state.Batch); else each of them runs alone up to its next stop (`steps`:
-        batchable instructions; stops, those and every memory or synchronising
-        instruction, so that waves reach those in wave order, lowest PC first);
+        are ready: e.g. the waves a barrier released) the waves at the lowest PC
+        run in lock-step (`_run_cohort`) while they stay the only waves there:
+        a batchable instruction once over each contiguous run of them
+        (state.Batch), any other one wave by wave in wave order. So memory and
+        synchronising instructions are reached in wave order, lowest PC first;
         waves that become ready join the turn. When a wave performs stores (an
-        s_waitcnt, an atomic), the turn ends: other workgroups see them before the
-        stores the workgroup's other waves have issued meanwhile perform."""
+        s_waitcnt, an atomic), the turn ends (each wave of the cohort first runs
+        on to its next batchable, memory or synchronising instruction, `stops`):
+        other workgroups see those stores before the stores the workgroup's
+        other waves have issued meanwhile perform."""
         if not self.batching:
             for w in group.waves:
                 if ready(w):
@@ -343,35 +345,25 @@ class Machine:
             turn = [w for w in group.waves[turn[0].index + 1:] if ready(w)]
         budget = dict.fromkeys(alone, 0)  # those waves had their turn
         budget.update(dict.fromkeys(turn, self.quantum))
-        batchable, stops = steps
-        touches = scoreboard.touches
+        stops = steps[1]
         while turn:
             pcs = [w.pc for w in turn]
             pc = min(pcs)
-            at = list(turn) if pcs.count(pc) == len(pcs) else [w for w in turn if w.pc == pc]
-            stopped, performed = {}, False
-            if len(at) > 1 and batchable[pc]:
-                for w in at:
-                    if w.pending & touches[pc]:
-                        scoreboard.check(w, pc)
-                self._run_batched(group, at, code[pc], kernel, pc)
-                hits[pc] += len(at)
-                self._batched += len(at)
-                for w in at:
-                    w.pc = pc + 1
-                    budget[w] -= 1
-                    if not budget[w]:
-                        stopped[w] = "quantum"
+            if pcs.count(pc) == len(pcs):
+                at, others = list(turn), len(code)
             else:
+                at = [w for w in turn if w.pc == pc]
+                others = min(p for p in pcs if p != pc)
+            stopped, performed = self._run_cohort(group, at, pc, others, budget, code, steps, hits,
+                                                  kernel, scoreboard)
+            if performed:  # other workgroups see those stores before this one's other waves perform theirs
                 for w in at:
-                    unperformed = w.unperformed
-                    ran, reason = self._run_quantum(w, code, hits, kernel, scoreboard, budget[w], stops)
-                    budget[w] -= ran
-                    performed = performed or w.unperformed < unperformed
-                    if reason:
-                        stopped[w] = reason
-                if performed:  # other workgroups see those stores before this one's other
-                    stopped = {w: stopped.get(w, "yield") for w in turn}  # waves perform theirs
+                    if w not in stopped and not stops[w.pc]:
+                        ran, reason = self._run_quantum(w, code, hits, kernel, scoreboard, budget[w], stops)
+                        budget[w] -= ran
+                        if reason:
+                            stopped[w] = reason
+                stopped = {w: stopped.get(w, "yield") for w in turn}
             for w, reason in stopped.items():
                 yield w, self.quantum - budget[w], reason
                 turn.remove(w)
@@ -380,6 +372,65 @@ class Machine:
                 if joining:
                     budget.update(dict.fromkeys(joining, self.quantum))
                     turn = sorted(turn + joining, key=lambda w: w.index)
+
+    def _run_cohort(self, group, at, pc, others, budget, code, steps, hits, kernel, scoreboard):
+        """Run the waves `at` (all at `pc`, in wave order) in lock-step while they
+        stay together below `others` (the lowest PC of the turn's other waves) and
+        none stops; returns ({wave: why it stopped}, whether one performed stores)."""
+        batchable, _, jumps = steps
+        touches = scoreboard.touches
+        several = len(at) > 1
+        stopped, performed = {}, False
+        who = at[0]
+        try:
+            while True:
+                run, mask = code[pc], touches[pc]
+                if several and batchable[pc]:
+                    for w in at:
+                        if w.pending & mask:
+                            scoreboard.check(w, pc)
+                        w.pc = pc + 1
+                    self._run_batched(group, at, run, kernel, pc)
+                    self._batched += len(at)
+                    hits[pc] += len(at)
+                else:
+                    for who in at:
+                        if who.pending & mask:
+                            scoreboard.check(who, pc)
+                        who.pc = pc + 1
+                        unperformed = who.unperformed
+                        signal = run(who)
+                        if who.unperformed < unperformed:
+                            performed = True
+                        if signal:
+                            if signal == "retry":  # not done: the same instruction next turn
+                                who.pc = pc
+                                hits[pc] -= 1
+                                budget[who] += 1
+                            stopped[who] = signal
+                    hits[pc] += len(at)
+                for w in at:
+                    budget[w] -= 1
+                    if not budget[w] and w not in stopped:
+                        stopped[w] = "quantum"
+                if stopped or performed:
+                    return stopped, performed
+                if jumps[pc]:  # the waves may part here
+                    pc = at[0].pc
+                    if several and any(w.pc != pc for w in at):
+                        return stopped, performed
+                else:
+                    pc += 1
+                if pc >= others:  # the turn's other waves are there (or lower): choose again
+                    return stopped, performed
+        except EmulatorError as error:
+            if "wave" in str(error):
+                raise
+            raise type(error)(f"{error} [{who.name}]") from error
+        except Exception as error:  # numpy/indexing failures inside an instruction
+            ins = kernel.instructions[pc] if pc < len(kernel.instructions) else None
+            where = ins.where() if ins else "past the end"
+            raise EmulatorError(f"{type(error).__name__}: {error} at {where} [{who.name}]") from error
 
     @staticmethod
     def _run_batched(group, waves, run, kernel, pc) -> None:
