@@ -140,15 +140,16 @@ class Workgroup:
 
 class Batch:
     """Waves first..stop-1 of a workgroup, all at the same instruction, seen as one
-    wave of [waves, 64] lanes by a VALU or MFMA closure: vector registers are
+    wave of [waves, 64] lanes by a VALU, MFMA or LDS-read closure: vector registers are
     views [register, wave, lane] of the workgroup's array, the exec mask is
     [waves, 64], and an SGPR reads as an int when the waves agree on it, else as
     a column [waves, 1]; a mask destination is written wave by wave
     (operands.vector_writer)."""
 
-    __slots__ = ("all_lanes", "f", "full", "i", "mask", "r", "s", "waves")
+    __slots__ = ("all_lanes", "f", "full", "group", "i", "mask", "r", "s", "waves")
 
     def __init__(self, group: Workgroup, first: int, stop: int):
+        self.group = group
         self.waves = group.waves[first:stop]
         self.r = group.registers[first:stop].transpose(1, 0, 2)
         self.f, self.i = self.r.view(np.float32), self.r.view(np.int32)

@@ -1,0 +1,177 @@
+"""The scheduler (machine.Machine._run_turn): the waves of a workgroup run in
+lock-step, VALU/MFMA and LDS reads once per batch of waves; a launch must leave
+the same bytes and the same counters as wave by wave (a trace turns batching
+off), with waves that part on scalar loops and branches and meet again."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from k2back.emu import Machine
+from k2back.emu.testing import ARCHS, module, rng, run
+
+# 8 waves a workgroup. x -> LDS (and 3x into the upper half), a barrier; a scalar
+# loop whose trip count is the wave's index (the waves part and meet again);
+# LDS reads (a neighbour, a pair, a halfword), cross-lane ops (bpermute,
+# permute, swizzle), a branch waves 0-3 and 4-7 take differently, and an LDS
+# read under a partial exec mask.
+MIX = module("""
+@buf = internal addrspace(3) global [1024 x i32] poison, align 16
+define amdgpu_kernel void @mix(ptr addrspace(1) %x, ptr addrspace(1) %out) #0 {
+entry:
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
+  %base = mul i32 %wg, 512
+  %gid = add i32 %base, %tid
+  %px = getelementptr i32, ptr addrspace(1) %x, i32 %gid
+  %v = load i32, ptr addrspace(1) %px
+  %slot = getelementptr i32, ptr addrspace(3) @buf, i32 %tid
+  store i32 %v, ptr addrspace(3) %slot
+  %v3 = mul i32 %v, 3
+  %tid2 = add i32 %tid, 512
+  %slot2 = getelementptr i32, ptr addrspace(3) @buf, i32 %tid2
+  store i32 %v3, ptr addrspace(3) %slot2
+  fence syncscope("workgroup") release
+  call void @llvm.amdgcn.s.barrier()
+  fence syncscope("workgroup") acquire
+  %wave = lshr i32 %tid, 6
+  %wv = call i32 @llvm.amdgcn.readfirstlane(i32 %wave)
+  br label %loop
+loop:
+  %i = phi i32 [ 0, %entry ], [ %i1, %loop ]
+  %acc = phi i32 [ %wg, %entry ], [ %acc1, %loop ]
+  %m = mul i32 %acc, 5
+  %acc1 = xor i32 %m, %i
+  %i1 = add i32 %i, 1
+  %more = icmp ule i32 %i1, %wv
+  br i1 %more, label %loop, label %after
+after:
+  %n = mul i32 %tid, 7
+  %n1 = add i32 %n, %acc1
+  %nidx = and i32 %n1, 1023
+  %pn = getelementptr i32, ptr addrspace(3) @buf, i32 %nidx
+  %a = load i32, ptr addrspace(3) %pn
+  %b0 = load i32, ptr addrspace(3) %slot
+  %b1 = load i32, ptr addrspace(3) %slot2
+  %hidx = and i32 %n, 2047
+  %ph = getelementptr i16, ptr addrspace(3) @buf, i32 %hidx
+  %h = load i16, ptr addrspace(3) %ph
+  %hz = zext i16 %h to i32
+  %l13 = mul i32 %tid, 13
+  %lane = and i32 %l13, 63
+  %addr = shl i32 %lane, 2
+  %bp = call i32 @llvm.amdgcn.ds.bpermute(i32 %addr, i32 %a)
+  %fp = call i32 @llvm.amdgcn.ds.permute(i32 %addr, i32 %b0)
+  %sw = call i32 @llvm.amdgcn.ds.swizzle(i32 %b1, i32 1055)
+  %low = icmp ult i32 %wv, 4
+  br i1 %low, label %three, label %five
+three:
+  %t3 = mul i32 %tid, 3
+  %i3 = and i32 %t3, 1023
+  %p3 = getelementptr i32, ptr addrspace(3) @buf, i32 %i3
+  %c3 = load i32, ptr addrspace(3) %p3
+  br label %joined
+five:
+  %t5 = mul i32 %tid, 5
+  %i5 = and i32 %t5, 1023
+  %p5 = getelementptr i32, ptr addrspace(3) @buf, i32 %i5
+  %l5 = load i32, ptr addrspace(3) %p5
+  %c5 = add i32 %l5, 1
+  br label %joined
+joined:
+  %c = phi i32 [ %c3, %three ], [ %c5, %five ]
+  %q = and i32 %tid, 3
+  %some = icmp eq i32 %q, 0
+  br i1 %some, label %masked, label %rest
+masked:
+  %ri = sub i32 1023, %tid
+  %pr = getelementptr i32, ptr addrspace(3) @buf, i32 %ri
+  %dl = load i32, ptr addrspace(3) %pr
+  br label %rest
+rest:
+  %d = phi i32 [ %dl, %masked ], [ 0, %joined ]
+  %r0 = mul i32 %b0, 3
+  %r1 = mul i32 %b1, 5
+  %r2 = mul i32 %hz, 7
+  %r3 = mul i32 %bp, 11
+  %r4 = mul i32 %fp, 13
+  %r5 = mul i32 %sw, 17
+  %r6 = mul i32 %c, 19
+  %r7 = mul i32 %d, 23
+  %s0 = add i32 %a, %r0
+  %s1 = add i32 %s0, %r1
+  %s2 = add i32 %s1, %r2
+  %s3 = add i32 %s2, %r3
+  %s4 = add i32 %s3, %r4
+  %s5 = add i32 %s4, %r5
+  %s6 = add i32 %s5, %r6
+  %s7 = add i32 %s6, %r7
+  %s8 = add i32 %s7, %acc1
+  %po = getelementptr i32, ptr addrspace(1) %out, i32 %gid
+  store i32 %s8, ptr addrspace(1) %po
+  ret void
+}
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare i32 @llvm.amdgcn.workgroup.id.x()
+declare i32 @llvm.amdgcn.readfirstlane(i32)
+declare i32 @llvm.amdgcn.ds.bpermute(i32, i32)
+declare i32 @llvm.amdgcn.ds.permute(i32, i32)
+declare i32 @llvm.amdgcn.ds.swizzle(i32, i32)
+declare void @llvm.amdgcn.s.barrier()
+""")
+GROUPS = 3
+
+
+def mix_reference(x: np.ndarray) -> np.ndarray:
+    out = np.zeros_like(x)
+    t = np.arange(512, dtype=np.uint32)
+    for wg in range(GROUPS):
+        buf = np.concatenate([x[512 * wg:512 * (wg + 1)], x[512 * wg:512 * (wg + 1)] * np.uint32(3)])
+        acc = np.zeros(512, np.uint32)
+        for w in range(8):
+            value = np.uint32(wg)
+            for i in range(w + 1):
+                value = (value * np.uint32(5)) ^ np.uint32(i)
+            acc[64 * w:64 * (w + 1)] = value
+        a = buf[(t * 7 + acc) & 1023]
+        b0, b1 = buf[t], buf[t + 512]
+        hz = buf.view(np.uint16)[(t * 7) & 2047].astype(np.uint32)
+        lane = (t * 13) & 63
+        wave_base = t & ~np.uint32(63)
+        bp = a[wave_base + lane]
+        fp = np.empty_like(b0)
+        fp[wave_base + lane] = b0
+        sw = b1[t ^ 1]
+        c = np.where(t < 256, buf[(t * 3) & 1023], buf[(t * 5) & 1023] + np.uint32(1))
+        d = np.where(t % 4 == 0, buf[1023 - t], 0).astype(np.uint32)
+        out[512 * wg:512 * (wg + 1)] = (a + b0 * 3 + b1 * 5 + hz * 7 + bp * 11 + fp * 13 + sw * 17
+                                        + c * 19 + d * 23 + acc)
+    return out
+
+
+def launch_mix(arch: str, x: np.ndarray, batched: bool):
+    out = np.zeros_like(x)
+    machine = Machine(arch, trace=None if batched else (lambda w, ins: None))
+    stats = run(MIX, arch, "mix", {"x": x, "out": out}, grid=(GROUPS,), block=(512,), machine=machine)
+    return out, stats
+
+
+# what must not depend on batching (rounds and the batched count may)
+SAME_COUNTERS = ("instructions", "wave_instructions", "bytes_read", "bytes_written", "lds_read",
+                 "lds_written", "barriers", "polls", "cache_policy", "workgroups", "waves",
+                 "stale_bytes", "written_back")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_launch_matches_wave_by_wave(arch):
+    x = rng(12).integers(0, 2**32, 512 * GROUPS, dtype=np.uint64).astype(np.uint32)
+    want = mix_reference(x)
+    batched, stats = launch_mix(arch, x, batched=True)
+    alone, alone_stats = launch_mix(arch, x, batched=False)
+    np.testing.assert_array_equal(alone, want)
+    np.testing.assert_array_equal(batched, want)
+    assert stats.instructions["lds"] > 0 and stats.batched > stats.instructions["lds"]
+    assert alone_stats.batched == 0
+    mine, theirs = dataclasses.asdict(stats), dataclasses.asdict(alone_stats)
+    assert {k: mine[k] for k in SAME_COUNTERS} == {k: theirs[k] for k in SAME_COUNTERS}
