@@ -376,53 +376,60 @@ class Machine:
     def _run_cohort(self, group, at, pc, others, budget, code, steps, hits, kernel, scoreboard):
         """Run the waves `at` (all at `pc`, in wave order) in lock-step while they
         stay together below `others` (the lowest PC of the turn's other waves) and
-        none stops; returns ({wave: why it stopped}, whether one performed stores)."""
+        none stops; returns ({wave: why it stopped}, whether one performed stores).
+        A batched step leaves the waves' `pc` behind (no batchable closure reads
+        it) until an unbatched step or the end of the cohort."""
         batchable, _, jumps = steps
         touches = scoreboard.touches
-        several = len(at) > 1
-        stopped, performed = {}, False
+        count = len(at)
+        runs = _contiguous(group, at) if count > 1 else None
+        limit = min(budget[w] for w in at)  # steps before the first wave's quantum ends
+        pending = _pending(at)
+        stopped, performed, taken, batched = {}, False, 0, 0
         who = at[0]
         try:
             while True:
-                run, mask = code[pc], touches[pc]
-                if several and batchable[pc]:
+                mask = touches[pc]
+                if pending & mask:
                     for w in at:
                         if w.pending & mask:
                             scoreboard.check(w, pc)
-                        w.pc = pc + 1
-                    self._run_batched(group, at, run, kernel, pc)
-                    self._batched += len(at)
-                    hits[pc] += len(at)
-                else:
-                    for who in at:
-                        if who.pending & mask:
-                            scoreboard.check(who, pc)
-                        who.pc = pc + 1
-                        unperformed = who.unperformed
-                        signal = run(who)
-                        if who.unperformed < unperformed:
-                            performed = True
-                        if signal:
-                            if signal == "retry":  # not done: the same instruction next turn
-                                who.pc = pc
-                                hits[pc] -= 1
-                                budget[who] += 1
-                            stopped[who] = signal
-                    hits[pc] += len(at)
-                for w in at:
-                    budget[w] -= 1
-                    if not budget[w] and w not in stopped:
-                        stopped[w] = "quantum"
-                if stopped or performed:
-                    return stopped, performed
+                taken += 1
+                if runs is not None and batchable[pc]:
+                    self._run_batched(runs, code[pc], kernel, pc)
+                    hits[pc] += count
+                    batched += count
+                    pc += 1
+                    if taken == limit or pc >= others:
+                        break
+                    continue
+                run = code[pc]
+                for who in at:
+                    who.pc = pc + 1
+                    unperformed = who.unperformed
+                    signal = run(who)
+                    if who.unperformed < unperformed:
+                        performed = True
+                    if signal:
+                        if signal == "retry":  # not done: the same instruction next turn
+                            who.pc = pc
+                            hits[pc] -= 1
+                            budget[who] += 1
+                        stopped[who] = signal
+                hits[pc] += count
+                pending = _pending(at)
+                if stopped or performed or taken == limit:
+                    pc = None
+                    break
                 if jumps[pc]:  # the waves may part here
                     pc = at[0].pc
-                    if several and any(w.pc != pc for w in at):
-                        return stopped, performed
+                    if count > 1 and any(w.pc != pc for w in at):
+                        pc = None
+                        break
                 else:
                     pc += 1
                 if pc >= others:  # the turn's other waves are there (or lower): choose again
-                    return stopped, performed
+                    break
         except EmulatorError as error:
             if "wave" in str(error):
                 raise
@@ -431,22 +438,28 @@ class Machine:
             ins = kernel.instructions[pc] if pc < len(kernel.instructions) else None
             where = ins.where() if ins else "past the end"
             raise EmulatorError(f"{type(error).__name__}: {error} at {where} [{who.name}]") from error
+        self._batched += batched
+        for w in at:
+            if pc is not None:
+                w.pc = pc
+            budget[w] -= taken
+            if not budget[w] and w not in stopped:
+                stopped[w] = "quantum"
+        return stopped, performed
 
     @staticmethod
-    def _run_batched(group, waves, run, kernel, pc) -> None:
-        """Run the instruction at `pc` once for each contiguous run of `waves`."""
-        first = 0
-        for k in range(1, len(waves) + 1):
-            if k == len(waves) or waves[k].index != waves[k - 1].index + 1:
-                batch = group.batch(waves[first].index, waves[k - 1].index + 1) if k - first > 1 else waves[first]
-                try:
-                    run(batch)
-                except EmulatorError as error:
-                    raise type(error)(f"{error} [{batch.name}]") from error
-                except Exception as error:  # numpy/indexing failures inside an instruction
-                    raise EmulatorError(f"{type(error).__name__}: {error} at "
-                                        f"{kernel.instructions[pc].where()} [{batch.name}]") from error
-                first = k
+    def _run_batched(runs, run, kernel, pc) -> None:
+        """Run the instruction at `pc` once for each of `runs` (state.Batch or a wave)."""
+        for batch in runs:
+            if batch.waves is not None:
+                batch.read_exec()
+            try:
+                run(batch)
+            except EmulatorError as error:
+                raise type(error)(f"{error} [{batch.name}]") from error
+            except Exception as error:  # numpy/indexing failures inside an instruction
+                raise EmulatorError(f"{type(error).__name__}: {error} at "
+                                    f"{kernel.instructions[pc].where()} [{batch.name}]") from error
 
     def _run_quantum(self, w, code, hits, kernel, scoreboard, budget, stops=None):
         """Run `w` for up to `budget` instructions, stopping before one of `stops`
@@ -500,6 +513,25 @@ class Machine:
                 stats.waves += 1
                 if w.polls:
                     stats.polls[(g.index, w.index)] = w.polls
+
+
+def _contiguous(group, waves) -> list:
+    """`waves` (in wave order) as one state.Batch per contiguous run, a lone wave as itself."""
+    runs, first = [], 0
+    for k in range(1, len(waves) + 1):
+        if k == len(waves) or waves[k].index != waves[k - 1].index + 1:
+            runs.append(group.batch(waves[first].index, waves[k - 1].index + 1) if k - first > 1
+                        else waves[first])
+            first = k
+    return runs
+
+
+def _pending(waves) -> int:
+    """Registers an outstanding load of any of `waves` still writes."""
+    pending = 0
+    for w in waves:
+        pending |= w.pending
+    return pending
 
 
 def _dims(name: str, value) -> tuple[int, int, int]:
