@@ -323,7 +323,8 @@ class Machine:
         are ready: a wave released by a barrier or woken during the turn runs in
         it if its place comes later.
         Otherwise (from when two or more of the waves whose place comes later
-        are ready: e.g. the waves a barrier released) the waves at the lowest PC
+        are ready: e.g. the waves a barrier released, with the lone wave that
+        released them, which runs on with them) the waves at the lowest PC
         run in lock-step (`_run_cohort`) while they stay the only waves there:
         a batchable instruction once over each contiguous run of them
         (state.Batch), any other one wave by wave in wave order. So memory and
@@ -332,19 +333,30 @@ class Machine:
         s_waitcnt, an atomic), the turn ends (each wave of the cohort first runs
         on to its next batchable, memory or synchronising instruction, `stops`):
         other workgroups see those stores before the stores the workgroup's
-        other waves have issued meanwhile perform."""
+        other waves have issued meanwhile perform. A wave whose quantum ends
+        behind or level with the turn's waves still to run gets one more
+        (`_catch_up`), so that waves apart run as one batch again."""
         if not self.batching:
             for w in group.waves:
                 if ready(w):
                     yield w, *self._run_quantum(w, code, hits, kernel, scoreboard, self.quantum)
             return
-        turn, alone = [w for w in group.waves if ready(w)], []
+        turn, alone, ran = [w for w in group.waves if ready(w)], [], 0
         while len(turn) == 1:
-            alone += turn
-            yield turn[0], *self._run_quantum(turn[0], code, hits, kernel, scoreboard, self.quantum)
-            turn = [w for w in group.waves[turn[0].index + 1:] if ready(w)]
+            w = turn[0]
+            ran, reason = self._run_quantum(w, code, hits, kernel, scoreboard, self.quantum)
+            if reason == "barrier" and ran < self.quantum and ready(w):  # it arrived last: it runs on
+                turn = [v for v in group.waves if v not in alone and ready(v)]  # with the waves it released
+                if len(turn) > 1:
+                    break
+            alone.append(w)
+            yield w, ran, reason
+            turn, ran = [v for v in group.waves[w.index + 1:] if ready(v)], 0
         budget = dict.fromkeys(alone, 0)  # those waves had their turn
         budget.update(dict.fromkeys(turn, self.quantum))
+        granted = dict(budget)
+        if len(turn) > 1 and ran:
+            budget[w] -= ran
         stops = steps[1]
         while turn:
             pcs = [w.pc for w in turn]
@@ -364,14 +376,29 @@ class Machine:
                         if reason:
                             stopped[w] = reason
                 stopped = {w: stopped.get(w, "yield") for w in turn}
+            else:
+                self._catch_up(stopped, turn, budget, granted)
             for w, reason in stopped.items():
-                yield w, self.quantum - budget[w], reason
+                yield w, granted[w] - budget[w], reason
                 turn.remove(w)
             if stopped and not performed:  # a barrier released, a sleeper woken
                 joining = [w for w in group.waves if w not in budget and ready(w)]
                 if joining:
                     budget.update(dict.fromkeys(joining, self.quantum))
+                    granted.update(dict.fromkeys(joining, self.quantum))
                     turn = sorted(turn + joining, key=lambda w: w.index)
+
+    def _catch_up(self, stopped, turn, budget, granted) -> None:
+        """A wave whose quantum ended behind the turn's other running waves runs
+        one more (once a turn), so that it reaches them and they run as one batch
+        again (else a wave that fell behind, e.g. while it polled, stays behind:
+        each turn it and they run a quantum each, apart)."""
+        ahead = [w.pc for w in turn if w not in stopped]
+        for w, reason in list(stopped.items()):
+            if reason == "quantum" and granted[w] == self.quantum and ahead and w.pc <= max(ahead):
+                budget[w] += self.quantum
+                granted[w] += self.quantum
+                del stopped[w]
 
     def _run_cohort(self, group, at, pc, others, budget, code, steps, hits, kernel, scoreboard):
         """Run the waves `at` (all at `pc`, in wave order) in lock-step while they
