@@ -409,7 +409,7 @@ class Machine:
         batchable, _, jumps = steps
         touches = scoreboard.touches
         count = len(at)
-        runs = _contiguous(group, at) if count > 1 else None
+        runs = None  # its batches, made at its first batchable instruction
         limit = min(budget[w] for w in at)  # steps before the first wave's quantum ends
         pending = _pending(at)
         stopped, performed, taken, batched = {}, False, 0, 0
@@ -422,7 +422,8 @@ class Machine:
                         if w.pending & mask:
                             scoreboard.check(w, pc)
                 taken += 1
-                if runs is not None and batchable[pc]:
+                if count > 1 and batchable[pc]:
+                    runs = runs or _contiguous(group, at)
                     self._run_batched(runs, code[pc], kernel, pc)
                     hits[pc] += count
                     batched += count
