@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from k2back.emu import Machine
+from k2back.emu import Machine, MemoryFault
 from k2back.emu.testing import ARCHS, module, rng, run
 
 # 8 waves a workgroup. x -> LDS (and 3x into the upper half), a barrier; a scalar
@@ -175,3 +175,35 @@ def test_batched_launch_matches_wave_by_wave(arch):
     assert alone_stats.batched == 0
     mine, theirs = dataclasses.asdict(stats), dataclasses.asdict(alone_stats)
     assert {k: mine[k] for k in SAME_COUNTERS} == {k: theirs[k] for k in SAME_COUNTERS}
+
+
+OUT_OF_RANGE = module("""
+@buf = internal addrspace(3) global [512 x i32] poison, align 16
+define amdgpu_kernel void @stray(ptr addrspace(1) %out) #0 {
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %slot = getelementptr i32, ptr addrspace(3) @buf, i32 %tid
+  store i32 %tid, ptr addrspace(3) %slot
+  fence syncscope("workgroup") release
+  call void @llvm.amdgcn.s.barrier()
+  fence syncscope("workgroup") acquire
+  %wave = lshr i32 %tid, 6
+  %stray = icmp eq i32 %wave, 3
+  %far = add i32 %tid, 100000
+  %index = select i1 %stray, i32 %far, i32 %tid
+  %p = getelementptr i32, ptr addrspace(3) @buf, i32 %index
+  %v = load i32, ptr addrspace(3) %p
+  %po = getelementptr i32, ptr addrspace(1) %out, i32 %tid
+  store i32 %v, ptr addrspace(1) %po
+  ret void
+}
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare void @llvm.amdgcn.s.barrier()
+""")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("batched", [True, False])
+def test_an_lds_read_out_of_range_names_its_wave_in_a_batch(arch, batched):
+    machine = Machine(arch, trace=None if batched else (lambda w, ins: None))
+    with pytest.raises(MemoryFault, match=r"outside the workgroup's 2048 bytes, workgroup 0 wave 3,"):
+        run(OUT_OF_RANGE, arch, "stray", {"out": np.zeros(512, np.uint32)}, block=(512,), machine=machine)

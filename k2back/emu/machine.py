@@ -458,14 +458,10 @@ class Machine:
                     pc += 1
                 if pc >= others:  # the turn's other waves are there (or lower): choose again
                     break
-        except EmulatorError as error:
-            if "wave" in str(error):
+        except Exception as error:  # numpy/indexing failures inside an instruction too
+            if isinstance(error, EmulatorError) and "wave" in str(error):
                 raise
-            raise type(error)(f"{error} [{who.name}]") from error
-        except Exception as error:  # numpy/indexing failures inside an instruction
-            ins = kernel.instructions[pc] if pc < len(kernel.instructions) else None
-            where = ins.where() if ins else "past the end"
-            raise EmulatorError(f"{type(error).__name__}: {error} at {where} [{who.name}]") from error
+            raise _named(error, who, kernel, pc) from error
         self._batched += batched
         for w in at:
             if pc is not None:
@@ -483,11 +479,10 @@ class Machine:
                 batch.read_exec()
             try:
                 run(batch)
-            except EmulatorError as error:
-                raise type(error)(f"{error} [{batch.name}]") from error
-            except Exception as error:  # numpy/indexing failures inside an instruction
-                raise EmulatorError(f"{type(error).__name__}: {error} at "
-                                    f"{kernel.instructions[pc].where()} [{batch.name}]") from error
+            except Exception as error:  # numpy/indexing failures inside an instruction too
+                if isinstance(error, EmulatorError) and "wave" in str(error):
+                    raise
+                raise _named(error, batch, kernel, pc) from error
 
     def _run_quantum(self, w, code, hits, kernel, scoreboard, budget, stops=None):
         """Run `w` for up to `budget` instructions, stopping before one of `stops`
@@ -514,14 +509,10 @@ class Machine:
                     if signal == "retry":  # not done: the same instruction next turn
                         w.pc, hits[pc], budget = pc, hits[pc] - 1, budget + 1
                     return quantum - budget, signal
-        except EmulatorError as error:
-            if "wave" in str(error):
+        except Exception as error:  # numpy/indexing failures inside an instruction too
+            if isinstance(error, EmulatorError) and "wave" in str(error):
                 raise
-            raise type(error)(f"{error} [{w.name}]") from error
-        except Exception as error:  # numpy/indexing failures inside an instruction
-            ins = kernel.instructions[pc] if pc < len(kernel.instructions) else None
-            where = ins.where() if ins else "past the end"
-            raise EmulatorError(f"{type(error).__name__}: {error} at {where} [{w.name}]") from error
+            raise _named(error, w, kernel, pc) from error
         return quantum, "quantum"
 
     def _finish(self, stats: Stats, classes, groups) -> None:
@@ -541,6 +532,16 @@ class Machine:
                 stats.waves += 1
                 if w.polls:
                     stats.polls[(g.index, w.index)] = w.polls
+
+
+def _named(error, w, kernel, pc: int) -> EmulatorError:
+    """`error` from the instruction at `pc` of `w` (a wave or a batch) naming the
+    wave; a numpy/indexing failure as an EmulatorError naming the instruction too."""
+    if isinstance(error, EmulatorError):
+        return type(error)(f"{error} [{w.name}]")
+    ins = kernel.instructions[pc] if pc < len(kernel.instructions) else None
+    where = ins.where() if ins else "past the end"
+    return EmulatorError(f"{type(error).__name__}: {error} at {where} [{w.name}]")
 
 
 def _contiguous(group, waves) -> list:
