@@ -3,13 +3,13 @@
 Scheduling: every workgroup of a launch is resident. Waves run round-robin in
 quanta of `quantum` instructions, workgroups in `order`; within a workgroup's
 turn the waves at the lowest PC go first, in lock-step, and several waves at one
-VALU or MFMA instruction run it once over [waves, 64] lanes (`Machine._run_turn`). A wave
-gives up the rest of its quantum at `s_sleep N` (and then sits out N rounds,
-unless a store reaches the line it polls: coherence.py), at `s_barrier` (until
-every live wave of its workgroup arrived), at `s_endpgm`, and when an
-`s_waitcnt` stops between two stores it retires (inflight.py): it retries that
-s_waitcnt on its next turn. A workgroup's turn ends when one of its waves
-performs stores, before its other waves perform theirs.
+VALU, MFMA or LDS-read instruction run it once over [waves, 64] lanes
+(`Machine._run_turn`). A wave gives up the rest of its quantum at `s_sleep N`
+(and then sits out N rounds, unless a store reaches the line it polls:
+coherence.py), at `s_barrier` (until every live wave of its workgroup arrived),
+at `s_endpgm`, and when an `s_waitcnt` stops between two stores it retires
+(inflight.py): it retries that s_waitcnt on its next turn. A workgroup's turn
+ends when one of its waves performs stores, before its other waves perform theirs.
 
 Memory (`memory=`): "strict", the default, is the GFX942 memory model with every
 freedom taken against the kernel (coherence.py: per-XCD L2s, per-CU L1 and
