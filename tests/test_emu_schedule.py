@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from k2back.emu import Machine, MemoryFault
-from k2back.emu.testing import ARCHS, module, rng, run
+from k2back.emu.testing import ARCHS, module, rng, run, run_handwritten
 
 # 8 waves a workgroup. x -> LDS (and 3x into the upper half), a barrier; a scalar
 # loop whose trip count is the wave's index (the waves part and meet again);
@@ -207,3 +207,47 @@ def test_an_lds_read_out_of_range_names_its_wave_in_a_batch(arch, batched):
     machine = Machine(arch, trace=None if batched else (lambda w, ins: None))
     with pytest.raises(MemoryFault, match=r"outside the workgroup's 2048 bytes, workgroup 0 wave 3,"):
         run(OUT_OF_RANGE, arch, "stray", {"out": np.zeros(512, np.uint32)}, block=(512,), machine=machine)
+
+
+# Wave 0 runs a scalar loop the other waves skip (longer than a quantum), so it
+# reaches the barrier last, alone; after it the waves run the same vector code.
+# Released together, they must run it as one batch: the waves a lone wave
+# releases run on with it (before, they ran a quantum ahead of it, apart).
+LATE_WAVE = """
+\tv_readfirstlane_b32 s2, v0
+\ts_mov_b32 s3, 0
+\ts_cmp_gt_u32 s2, 63
+\ts_cbranch_scc1 .LBB0_2
+\ts_movk_i32 s4, 0x12c
+.LBB0_1:
+\ts_add_u32 s3, s3, 1
+\ts_cmp_lt_u32 s3, s4
+\ts_cbranch_scc1 .LBB0_1
+.LBB0_2:
+\ts_barrier
+\tv_cvt_f32_u32_e32 v1, v0
+\tv_mul_f32_e32 v2, 0x3fc00000, v1
+\tv_add_f32_e32 v3, 2.0, v2
+\tv_mul_f32_e32 v3, v3, v3
+\tv_sub_f32_e32 v1, v3, v1
+\tv_mul_f32_e32 v1, 0x3e800000, v1
+\tv_add_f32_e32 v1, v2, v1
+\tv_cvt_u32_f32_e32 v1, v1
+\tv_add_u32_e32 v1, s3, v1
+\ts_load_dwordx2 s[0:1], s[0:1], 0x0
+\tv_lshlrev_b32_e32 v0, 2, v0
+\ts_waitcnt lgkmcnt(0)
+\tglobal_store_dword v0, v1, s[0:1]"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_waves_a_lone_wave_releases_run_on_with_it_as_one_batch(arch):
+    out = np.zeros(512, np.uint32)
+    stats = run_handwritten(arch, LATE_WAVE, out, block=(512,))
+    x = np.arange(512, dtype=np.float32)
+    a = x * np.float32(1.5)
+    f = ((a + np.float32(2)) ** 2 - x) * np.float32(0.25) + a
+    np.testing.assert_array_equal(out, f.astype(np.uint32) + np.where(np.arange(512) < 64, 300, 0))
+    assert stats.instructions["salu"] > 2 * 256  # wave 0's loop outlasts two quanta
+    # every VALU after the barrier ran once for the eight waves (v_readfirstlane never batches)
+    assert stats.batched == stats.instructions["valu"] - 8
