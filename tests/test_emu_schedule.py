@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from k2back.emu import Machine, MemoryFault
-from k2back.emu.testing import ARCHS, module, rng, run, run_handwritten
+from k2back.emu.testing import ARCHS, handwritten, module, rng, run, run_handwritten
 
 # 8 waves a workgroup. x -> LDS (and 3x into the upper half), a barrier; a scalar
 # loop whose trip count is the wave's index (the waves part and meet again);
@@ -251,3 +251,51 @@ def test_waves_a_lone_wave_releases_run_on_with_it_as_one_batch(arch):
     assert stats.instructions["salu"] > 2 * 256  # wave 0's loop outlasts two quanta
     # every VALU after the barrier ran once for the eight waves (v_readfirstlane never batches)
     assert stats.batched == stats.instructions["valu"] - 8
+
+
+# LDS stores under exec masks that differ from wave to wave (lane % 4 <= wave).
+# Before any s_waitcnt each wave reads the next wave's slots: a wave's LDS access
+# performs its own queued stores and no other's, so the stores of the next wave
+# are not there yet (only wave 7 sees wave 0's, which ran ahead of it): a batch
+# must queue each wave's own lanes. After a barrier every lane reads another
+# wave's slot.
+MASKED_LDS_STORE = """
+\tv_lshlrev_b32_e32 v1, 2, v0
+\tv_and_b32_e32 v2, 3, v0
+\tv_lshrrev_b32_e32 v3, 6, v0
+\tv_mov_b32_e32 v4, 0
+\tds_write_b32 v1, v4
+\ts_waitcnt lgkmcnt(0)
+\ts_barrier
+\tv_cmp_le_u32_e32 vcc, v2, v3
+\ts_and_saveexec_b64 s[4:5], vcc
+\tv_add_u32_e32 v5, 0x3e8, v0
+\tds_write_b32 v1, v5
+\ts_mov_b64 exec, s[4:5]
+\tv_add_u32_e32 v9, 0x100, v1
+\tv_and_b32_e32 v9, 0x7ff, v9
+\tds_read_b32 v8, v9
+\ts_waitcnt lgkmcnt(0)
+\ts_barrier
+\tv_xor_b32_e32 v6, 0x1fc, v1
+\tds_read_b32 v7, v6
+\ts_load_dwordx2 s[0:1], s[0:1], 0x0
+\ts_waitcnt lgkmcnt(0)
+\tglobal_store_dword v1, v7, s[0:1]
+\tglobal_store_dword v1, v8, s[0:1] offset:2048"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("batched", [True, False])
+def test_lds_stores_under_per_wave_exec_masks(arch, batched):
+    out = np.zeros(1024, np.uint32)
+    machine = Machine(arch, trace=None if batched else (lambda w, ins: None))
+    kernargs = machine.map(out).to_bytes(8, "little")
+    stats = machine.launch(handwritten(arch, MASKED_LDS_STORE, lds_bytes=2048), "hand", block=(512,),
+                           kernargs=kernargs)
+    t = np.arange(512)
+    lds = np.where(t % 4 <= t // 64, t + 1000, 0)
+    np.testing.assert_array_equal(out[:512], lds[t ^ 127])
+    np.testing.assert_array_equal(out[512:], np.where(t >= 448, lds[(t + 64) % 512], 0))
+    assert stats.lds_written == 4 * (512 + int((t % 4 <= t // 64).sum()))
+    assert (stats.batched > 0) == batched

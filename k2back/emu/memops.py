@@ -21,6 +21,7 @@ import numpy as np
 from . import inflight
 from .errors import MemoryFault, UnsupportedInstruction
 from .memory import ATOMICS, apply_atomic
+from .state import LANES
 
 U32, U64 = np.uint32, np.uint64
 
@@ -445,22 +446,22 @@ def decode_ds(ins, ctx):
     if op in ("read", "read2", "read2st64"):
         return _over_waves(_ds_move(ins, ctx, op, "_".join(parts[2:])))
     if op in ("write", "write2", "write2st64"):
-        return _ds_move(ins, ctx, op, "_".join(parts[2:]))
+        return _over_waves(_ds_move(ins, ctx, op, "_".join(parts[2:])), drains=False)
     return _ds_atomic(ins, ctx)
 
 
-def _over_waves(run):
-    """An LDS read or cross-lane op that a Batch (state.Batch) runs once, as one
-    access in wave order: `run` takes a wave or a batch. A batch whose later waves
-    still have LDS stores to perform runs wave by wave (each performs its own
-    before its access: performing them all first would show them to the earlier
-    waves' reads, kinder than wave by wave), and so does one with an access out of
-    range (the error names the wave)."""
+def _over_waves(run, drains: bool = True):
+    """An LDS read, store or cross-lane op that a Batch (state.Batch) runs once,
+    as one access in wave order: `run` takes a wave or a batch. A batch whose
+    later waves still have LDS stores to perform runs a read (`drains`) wave by
+    wave (each performs its own before its access: performing them all first
+    would show them to the earlier waves' reads, kinder than wave by wave), and so
+    does one with an access out of range (the error names the wave)."""
     def each(w):
         waves = w.waves
         if waves is None:
             return run(w)
-        if any(v.lds_unperformed for v in waves[1:]):
+        if drains and any(v.lds_unperformed for v in waves[1:]):
             for v in waves:
                 run(v)
             return
@@ -522,12 +523,24 @@ def _ds_move(ins, ctx, op, suffix):
         return lds_load
 
     def lds_store(w):
-        if not w.exec:
+        if w.waves is None and not w.exec:
             inflight.issue_lds(w, ins)
             return
         writes = [(_lds_addresses(w, addr_row, offset, size, ins)[:, None] + span,
                    store_bytes(w, row, size, kind)) for row, offset in zip(data_rows, offsets)]
-        inflight.issue_lds_store(w, ins, ctx.mem, _write_lds, (w.group.lds, writes, stats))
+        if w.waves is None:
+            inflight.issue_lds_store(w, ins, ctx.mem, _write_lds, (w.group.lds, writes, stats))
+            return
+        # a batch: each wave queues the stores of its own lanes, in wave order
+        lanes = [LANES] * len(w.waves) if w.full else w.mask.sum(1).tolist()
+        start = 0
+        for v, count in zip(w.waves, lanes):
+            if not v.exec:
+                inflight.issue_lds(v, ins)
+                continue
+            own = [(cells[start:start + count], data[start:start + count]) for cells, data in writes]
+            inflight.issue_lds_store(v, ins, ctx.mem, _write_lds, (w.group.lds, own, stats))
+            start += count
     return lds_store
 
 
