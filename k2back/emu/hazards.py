@@ -292,7 +292,7 @@ def _vmem_effects(e, ins, accum_offset):
 # --------------------------------------------------------------------------- rules
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # rules compare and hash by identity (cheap in path sets)
 class Rule:
     """One row of the table: `watch(consumer)` lists the register masks to check
     (one check each); `produces(producer)` the registers an instruction of the
@@ -434,6 +434,10 @@ class Program:
         self.checks = [[(rule, mask) for rule, made in zip(RULES, produced)
                         for mask in rule.watch(c) if mask & made] for c in self.effects]
         self._violations: dict[int, list[Violation]] | None = None
+        self._predecessors = [list(self.branches_into.get(pc, ())) for pc in range(len(instructions))]
+        for pc in range(1, len(instructions)):
+            if self.falls_through[pc - 1]:
+                self._predecessors[pc].append(pc - 1)
 
     @property
     def violations(self) -> dict[int, list[Violation]]:
@@ -444,10 +448,7 @@ class Program:
         return self._violations
 
     def predecessors(self, pc: int) -> list[int]:
-        preds = list(self.branches_into.get(pc, ()))
-        if pc > 0 and self.falls_through[pc - 1]:
-            preds.append(pc - 1)
-        return preds
+        return self._predecessors[pc]
 
     def _step(self, c, p, between, checks, found):
         """Resolve the checks producer `p` answers; return those still open."""

@@ -2,14 +2,14 @@
 
 Scheduling: every workgroup of a launch is resident. Waves run round-robin in
 quanta of `quantum` instructions, workgroups in `order`; within a workgroup's
-turn the waves at the lowest PC go first, and several waves at one VALU or MFMA
-instruction run it once over [waves, 64] lanes (`Machine._run_turn`). A wave
-gives up the rest of its quantum at `s_sleep N` (and then sits out N rounds,
-unless a store reaches the line it polls: coherence.py), at `s_barrier` (until
-every live wave of its workgroup arrived), at `s_endpgm`, and when an
-`s_waitcnt` stops between two stores it retires (inflight.py): it retries that
-s_waitcnt on its next turn. A workgroup's turn ends when one of its waves
-performs stores, before its other waves perform theirs.
+turn the waves at the lowest PC go first, in lock-step, and several waves at one
+VALU, MFMA or LDS-read instruction run it once over [waves, 64] lanes
+(`Machine._run_turn`). A wave gives up the rest of its quantum at `s_sleep N`
+(and then sits out N rounds, unless a store reaches the line it polls:
+coherence.py), at `s_barrier` (until every live wave of its workgroup arrived),
+at `s_endpgm`, and when an `s_waitcnt` stops between two stores it retires
+(inflight.py): it retries that s_waitcnt on its next turn. A workgroup's turn
+ends when one of its waves performs stores, before its other waves perform theirs.
 
 Memory (`memory=`): "strict", the default, is the GFX942 memory model with every
 freedom taken against the kernel (coherence.py: per-XCD L2s, per-CU L1 and
@@ -238,6 +238,7 @@ class Machine:
         # where a wave running alone stops to let the scheduler choose again: before
         # a batchable instruction, and before every memory or synchronising one
         stops = [batch or cls not in SOLO_CLASSES for batch, cls in zip(batchable, classes)]
+        jumps = [cls == "branch" for cls in classes]
         code = checked
         self._timer = timer = self._timing(kernel, classes, mem)
         scoreboard = inflight.Scoreboard(kernel, setup.accum_offset)
@@ -248,7 +249,7 @@ class Machine:
                 if timer is not None:  # timing mode: waves one at a time, in modeled time order
                     timer.schedule(groups, code, kernel, stats, scoreboard)
                 else:
-                    self._schedule(groups, code, (batchable, stops), kernel, stats, scoreboard)
+                    self._schedule(groups, code, (batchable, stops, jumps), kernel, stats, scoreboard)
             mem.end()
         finally:
             for base in launch_buffers:
@@ -322,80 +323,166 @@ class Machine:
         are ready: a wave released by a barrier or woken during the turn runs in
         it if its place comes later.
         Otherwise (from when two or more of the waves whose place comes later
-        are ready: e.g. the waves a barrier released) the waves at the lowest
-        PC: when several are there and the
-        instruction is batchable, it runs once over each contiguous run of them
-        (state.Batch); else each of them runs alone up to its next stop (`steps`:
-        batchable instructions; stops, those and every memory or synchronising
-        instruction, so that waves reach those in wave order, lowest PC first);
+        are ready: e.g. the waves a barrier released, with the lone wave that
+        released them, which runs on with them) the waves at the lowest PC
+        run in lock-step (`_run_cohort`) while they stay the only waves there:
+        a batchable instruction once over each contiguous run of them
+        (state.Batch), any other one wave by wave in wave order. So memory and
+        synchronising instructions are reached in wave order, lowest PC first;
         waves that become ready join the turn. When a wave performs stores (an
-        s_waitcnt, an atomic), the turn ends: other workgroups see them before the
-        stores the workgroup's other waves have issued meanwhile perform."""
+        s_waitcnt, an atomic), the turn ends (each wave of the cohort first runs
+        on to its next batchable, memory or synchronising instruction, `stops`):
+        other workgroups see those stores before the stores the workgroup's
+        other waves have issued meanwhile perform. A wave whose quantum ends
+        behind or level with the turn's waves still to run gets one more
+        (`_catch_up`), so that waves apart run as one batch again."""
         if not self.batching:
             for w in group.waves:
                 if ready(w):
                     yield w, *self._run_quantum(w, code, hits, kernel, scoreboard, self.quantum)
             return
-        turn, alone = [w for w in group.waves if ready(w)], []
+        turn, alone, ran = [w for w in group.waves if ready(w)], [], 0
         while len(turn) == 1:
-            alone += turn
-            yield turn[0], *self._run_quantum(turn[0], code, hits, kernel, scoreboard, self.quantum)
-            turn = [w for w in group.waves[turn[0].index + 1:] if ready(w)]
+            w = turn[0]
+            ran, reason = self._run_quantum(w, code, hits, kernel, scoreboard, self.quantum)
+            if reason == "barrier" and ran < self.quantum and ready(w):  # it arrived last: it runs on
+                turn = [v for v in group.waves if v not in alone and ready(v)]  # with the waves it released
+                if len(turn) > 1:
+                    break
+            alone.append(w)
+            yield w, ran, reason
+            turn, ran = [v for v in group.waves[w.index + 1:] if ready(v)], 0
         budget = dict.fromkeys(alone, 0)  # those waves had their turn
         budget.update(dict.fromkeys(turn, self.quantum))
-        batchable, stops = steps
-        touches = scoreboard.touches
+        granted = dict(budget)
+        if len(turn) > 1 and ran:
+            budget[w] -= ran
+        stops = steps[1]
         while turn:
             pcs = [w.pc for w in turn]
             pc = min(pcs)
-            at = list(turn) if pcs.count(pc) == len(pcs) else [w for w in turn if w.pc == pc]
-            stopped, performed = {}, False
-            if len(at) > 1 and batchable[pc]:
-                for w in at:
-                    if w.pending & touches[pc]:
-                        scoreboard.check(w, pc)
-                self._run_batched(group, at, code[pc], kernel, pc)
-                hits[pc] += len(at)
-                self._batched += len(at)
-                for w in at:
-                    w.pc = pc + 1
-                    budget[w] -= 1
-                    if not budget[w]:
-                        stopped[w] = "quantum"
+            if pcs.count(pc) == len(pcs):
+                at, others = list(turn), len(code)
             else:
+                at = [w for w in turn if w.pc == pc]
+                others = min(p for p in pcs if p != pc)
+            stopped, performed = self._run_cohort(group, at, pc, others, budget, code, steps, hits,
+                                                  kernel, scoreboard)
+            if performed:  # other workgroups see those stores before this one's other waves perform theirs
                 for w in at:
-                    unperformed = w.unperformed
-                    ran, reason = self._run_quantum(w, code, hits, kernel, scoreboard, budget[w], stops)
-                    budget[w] -= ran
-                    performed = performed or w.unperformed < unperformed
-                    if reason:
-                        stopped[w] = reason
-                if performed:  # other workgroups see those stores before this one's other
-                    stopped = {w: stopped.get(w, "yield") for w in turn}  # waves perform theirs
+                    if w not in stopped and not stops[w.pc]:
+                        ran, reason = self._run_quantum(w, code, hits, kernel, scoreboard, budget[w], stops)
+                        budget[w] -= ran
+                        if reason:
+                            stopped[w] = reason
+                stopped = {w: stopped.get(w, "yield") for w in turn}
+            else:
+                self._catch_up(stopped, turn, budget, granted)
             for w, reason in stopped.items():
-                yield w, self.quantum - budget[w], reason
+                yield w, granted[w] - budget[w], reason
                 turn.remove(w)
             if stopped and not performed:  # a barrier released, a sleeper woken
                 joining = [w for w in group.waves if w not in budget and ready(w)]
                 if joining:
                     budget.update(dict.fromkeys(joining, self.quantum))
+                    granted.update(dict.fromkeys(joining, self.quantum))
                     turn = sorted(turn + joining, key=lambda w: w.index)
 
+    def _catch_up(self, stopped, turn, budget, granted) -> None:
+        """A wave whose quantum ended behind the turn's other running waves runs
+        one more (once a turn), so that it reaches them and they run as one batch
+        again (else a wave that fell behind, e.g. while it polled, stays behind:
+        each turn it and they run a quantum each, apart)."""
+        ahead = [w.pc for w in turn if w not in stopped]
+        for w, reason in list(stopped.items()):
+            if reason == "quantum" and granted[w] == self.quantum and ahead and w.pc <= max(ahead):
+                budget[w] += self.quantum
+                granted[w] += self.quantum
+                del stopped[w]
+
+    def _run_cohort(self, group, at, pc, others, budget, code, steps, hits, kernel, scoreboard):
+        """Run the waves `at` (all at `pc`, in wave order) in lock-step while they
+        stay together below `others` (the lowest PC of the turn's other waves) and
+        none stops; returns ({wave: why it stopped}, whether one performed stores).
+        A batched step leaves the waves' `pc` behind (no batchable closure reads
+        it) until an unbatched step or the end of the cohort."""
+        batchable, _, jumps = steps
+        touches = scoreboard.touches
+        count = len(at)
+        runs = None  # its batches, made at its first batchable instruction
+        limit = min(budget[w] for w in at)  # steps before the first wave's quantum ends
+        pending = _pending(at)
+        stopped, performed, taken, batched = {}, False, 0, 0
+        who = at[0]
+        try:
+            while True:
+                mask = touches[pc]
+                if pending & mask:
+                    for w in at:
+                        if w.pending & mask:
+                            scoreboard.check(w, pc)
+                taken += 1
+                if count > 1 and batchable[pc]:
+                    runs = runs or _contiguous(group, at)
+                    self._run_batched(runs, code[pc], kernel, pc)
+                    hits[pc] += count
+                    batched += count
+                    pc += 1
+                    if taken == limit or pc >= others:
+                        break
+                    continue
+                run = code[pc]
+                for who in at:
+                    who.pc = pc + 1
+                    unperformed = who.unperformed
+                    signal = run(who)
+                    if who.unperformed < unperformed:
+                        performed = True
+                    if signal:
+                        if signal == "retry":  # not done: the same instruction next turn
+                            who.pc = pc
+                            hits[pc] -= 1
+                            budget[who] += 1
+                        stopped[who] = signal
+                hits[pc] += count
+                pending = _pending(at)
+                if stopped or performed or taken == limit:
+                    pc = None
+                    break
+                if jumps[pc]:  # the waves may part here
+                    pc = at[0].pc
+                    if count > 1 and any(w.pc != pc for w in at):
+                        pc = None
+                        break
+                else:
+                    pc += 1
+                if pc >= others:  # the turn's other waves are there (or lower): choose again
+                    break
+        except Exception as error:  # numpy/indexing failures inside an instruction too
+            if isinstance(error, EmulatorError) and "wave" in str(error):
+                raise
+            raise _named(error, who, kernel, pc) from error
+        self._batched += batched
+        for w in at:
+            if pc is not None:
+                w.pc = pc
+            budget[w] -= taken
+            if not budget[w] and w not in stopped:
+                stopped[w] = "quantum"
+        return stopped, performed
+
     @staticmethod
-    def _run_batched(group, waves, run, kernel, pc) -> None:
-        """Run the instruction at `pc` once for each contiguous run of `waves`."""
-        first = 0
-        for k in range(1, len(waves) + 1):
-            if k == len(waves) or waves[k].index != waves[k - 1].index + 1:
-                batch = group.batch(waves[first].index, waves[k - 1].index + 1) if k - first > 1 else waves[first]
-                try:
-                    run(batch)
-                except EmulatorError as error:
-                    raise type(error)(f"{error} [{batch.name}]") from error
-                except Exception as error:  # numpy/indexing failures inside an instruction
-                    raise EmulatorError(f"{type(error).__name__}: {error} at "
-                                        f"{kernel.instructions[pc].where()} [{batch.name}]") from error
-                first = k
+    def _run_batched(runs, run, kernel, pc) -> None:
+        """Run the instruction at `pc` once for each of `runs` (state.Batch or a wave)."""
+        for batch in runs:
+            if batch.waves is not None:
+                batch.read_exec()
+            try:
+                run(batch)
+            except Exception as error:  # numpy/indexing failures inside an instruction too
+                if isinstance(error, EmulatorError) and "wave" in str(error):
+                    raise
+                raise _named(error, batch, kernel, pc) from error
 
     def _run_quantum(self, w, code, hits, kernel, scoreboard, budget, stops=None):
         """Run `w` for up to `budget` instructions, stopping before one of `stops`
@@ -422,14 +509,10 @@ class Machine:
                     if signal == "retry":  # not done: the same instruction next turn
                         w.pc, hits[pc], budget = pc, hits[pc] - 1, budget + 1
                     return quantum - budget, signal
-        except EmulatorError as error:
-            if "wave" in str(error):
+        except Exception as error:  # numpy/indexing failures inside an instruction too
+            if isinstance(error, EmulatorError) and "wave" in str(error):
                 raise
-            raise type(error)(f"{error} [{w.name}]") from error
-        except Exception as error:  # numpy/indexing failures inside an instruction
-            ins = kernel.instructions[pc] if pc < len(kernel.instructions) else None
-            where = ins.where() if ins else "past the end"
-            raise EmulatorError(f"{type(error).__name__}: {error} at {where} [{w.name}]") from error
+            raise _named(error, w, kernel, pc) from error
         return quantum, "quantum"
 
     def _finish(self, stats: Stats, classes, groups) -> None:
@@ -449,6 +532,35 @@ class Machine:
                 stats.waves += 1
                 if w.polls:
                     stats.polls[(g.index, w.index)] = w.polls
+
+
+def _named(error, w, kernel, pc: int) -> EmulatorError:
+    """`error` from the instruction at `pc` of `w` (a wave or a batch) naming the
+    wave; a numpy/indexing failure as an EmulatorError naming the instruction too."""
+    if isinstance(error, EmulatorError):
+        return type(error)(f"{error} [{w.name}]")
+    ins = kernel.instructions[pc] if pc < len(kernel.instructions) else None
+    where = ins.where() if ins else "past the end"
+    return EmulatorError(f"{type(error).__name__}: {error} at {where} [{w.name}]")
+
+
+def _contiguous(group, waves) -> list:
+    """`waves` (in wave order) as one state.Batch per contiguous run, a lone wave as itself."""
+    runs, first = [], 0
+    for k in range(1, len(waves) + 1):
+        if k == len(waves) or waves[k].index != waves[k - 1].index + 1:
+            runs.append(group.batch(waves[first].index, waves[k - 1].index + 1) if k - first > 1
+                        else waves[first])
+            first = k
+    return runs
+
+
+def _pending(waves) -> int:
+    """Registers an outstanding load of any of `waves` still writes."""
+    pending = 0
+    for w in waves:
+        pending |= w.pending
+    return pending
 
 
 def _dims(name: str, value) -> tuple[int, int, int]:

@@ -21,6 +21,7 @@ import numpy as np
 from . import inflight
 from .errors import MemoryFault, UnsupportedInstruction
 from .memory import ATOMICS, apply_atomic
+from .state import LANES
 
 U32, U64 = np.uint32, np.uint64
 
@@ -56,19 +57,20 @@ def who(w, ins):
 
 
 def active(w, lanes):
-    return lanes if w.full else lanes[w.mask]
+    """The active lanes of `lanes` ([64], or [waves, 64] for a Batch), wave by wave."""
+    return lanes.reshape(-1) if w.full else lanes[w.mask]
 
 
 def read_rows(w, row: int, count: int) -> np.ndarray:
     """uint32 [active lanes, count] of registers row..row+count-1."""
     rows = w.r[row:row + count] if w.full else w.r[row:row + count, w.mask]
-    return rows.T.copy()  # a copy: queued stores must not see later register writes
+    return rows.reshape(count, -1).T.copy()  # a copy: queued stores must not see later register writes
 
 
 def write_rows(w, row: int, values: np.ndarray) -> None:
     count = values.shape[1]
     if w.full:
-        w.r[row:row + count] = values.T
+        w.r[row:row + count] = values.T.reshape(count, *w.r.shape[1:])
     else:
         w.r[row:row + count, w.mask] = values.T
 
@@ -424,7 +426,7 @@ def _lds_addresses(w, row, offset, size, ins):
     """int64 LDS byte addresses of the active lanes, checked for range and alignment."""
     addresses = active(w, w.r[row]).astype(np.int64) + offset  # never negative
     lds = w.group.lds
-    if addresses.max() + size > lds.size:
+    if addresses.size and addresses.max() + size > lds.size:
         bad = int(addresses[np.argmax(addresses + size > lds.size)])
         raise MemoryFault(f"LDS address {bad} (+{size} bytes) outside the workgroup's "
                           f"{lds.size} bytes, {w.name}, {ins.where()}")
@@ -438,12 +440,45 @@ def _lds_addresses(w, row, offset, size, ins):
 def decode_ds(ins, ctx):
     name = ins.mnemonic
     if name in CROSS_LANE_DS:
-        return CROSS_LANE_DS[name](ins, ctx)
+        return _over_waves(CROSS_LANE_DS[name](ins, ctx))
     parts = name.split("_")
     op = parts[1]
-    if op in ("read", "write", "read2", "write2", "read2st64", "write2st64"):
-        return _ds_move(ins, ctx, op, "_".join(parts[2:]))
+    if op in ("read", "read2", "read2st64"):
+        return _over_waves(_ds_move(ins, ctx, op, "_".join(parts[2:])))
+    if op in ("write", "write2", "write2st64"):
+        return _over_waves(_ds_move(ins, ctx, op, "_".join(parts[2:])), drains=False)
     return _ds_atomic(ins, ctx)
+
+
+def _over_waves(run, drains: bool = True):
+    """An LDS read, store or cross-lane op that a Batch (state.Batch) runs once,
+    as one access in wave order: `run` takes a wave or a batch. A batch whose
+    later waves still have LDS stores to perform runs a read (`drains`) wave by
+    wave (each performs its own before its access: performing them all first
+    would show them to the earlier waves' reads, kinder than wave by wave), and so
+    does one with an access out of range (the error names the wave)."""
+    def each(w):
+        waves = w.waves
+        if waves is None:
+            return run(w)
+        if drains and any(v.lds_unperformed for v in waves[1:]):
+            for v in waves:
+                run(v)
+            return
+        try:
+            run(w)
+        except MemoryFault:
+            for v in waves:
+                run(v)
+    each.batchable = True
+    return each
+
+
+def _issue_lds(w, ins, dst: int, masked: bool = True) -> None:
+    """Each wave of `w` (a wave or a batch) issued `ins` (whose return writes
+    `dst`; nothing with exec 0 when `masked`)."""
+    for v in w.waves or (w,):
+        inflight.issue_lds(v, ins, dst if v.exec or not masked else 0)
 
 
 def _ds_move(ins, ctx, op, suffix):
@@ -470,11 +505,12 @@ def _ds_move(ins, ctx, op, suffix):
         dst_bits = row_bits(data_rows[0], registers(size) * len(offsets))
 
         def lds_load(w):
-            if not w.exec:
+            first = w.waves[0] if w.waves else w
+            if w is first and not w.exec:
                 inflight.issue_lds(w, ins)
                 return
-            if w.lds_unperformed:
-                inflight.drain_lds(w)
+            if first.lds_unperformed and first.exec:
+                inflight.drain_lds(first)
             lds = w.group.lds
             # Both halves of a read2 are read before either is written: the
             # destination may overlap the address register.
@@ -483,16 +519,28 @@ def _ds_move(ins, ctx, op, suffix):
             for row, values in zip(data_rows, data):
                 load_lanes(w, row, values, kind)
                 stats.lds_read += values.size
-            inflight.issue_lds(w, ins, dst_bits)
+            _issue_lds(w, ins, dst_bits)
         return lds_load
 
     def lds_store(w):
-        if not w.exec:
+        if w.waves is None and not w.exec:
             inflight.issue_lds(w, ins)
             return
         writes = [(_lds_addresses(w, addr_row, offset, size, ins)[:, None] + span,
                    store_bytes(w, row, size, kind)) for row, offset in zip(data_rows, offsets)]
-        inflight.issue_lds_store(w, ins, ctx.mem, _write_lds, (w.group.lds, writes, stats))
+        if w.waves is None:
+            inflight.issue_lds_store(w, ins, ctx.mem, _write_lds, (w.group.lds, writes, stats))
+            return
+        # a batch: each wave queues the stores of its own lanes, in wave order
+        lanes = [LANES] * len(w.waves) if w.full else w.mask.sum(1).tolist()
+        start = 0
+        for v, count in zip(w.waves, lanes):
+            if not v.exec:
+                inflight.issue_lds(v, ins)
+                continue
+            own = [(cells[start:start + count], data[start:start + count]) for cells, data in writes]
+            inflight.issue_lds_store(v, ins, ctx.mem, _write_lds, (w.group.lds, own, stats))
+            start += count
     return lds_store
 
 
@@ -585,9 +633,9 @@ def _ds_swizzle(ins, ctx):
 
     def swizzle(w):
         # A lane reading an inactive lane gets 0 (as the other cross-lane DS ops).
-        value = np.where(w.mask[src], w.r[data][src], U32(0))
+        value = np.where(w.mask[..., src], w.r[data][..., src], U32(0))
         np.copyto(w.r[dst], value, where=w.mask)
-        inflight.issue_lds(w, ins, row_bits(dst, 1))  # an LDS-counter op: lgkmcnt covers it
+        _issue_lds(w, ins, row_bits(dst, 1), masked=False)  # an LDS-counter op: lgkmcnt covers it
     return swizzle
 
 
@@ -596,16 +644,18 @@ def _ds_permute(ins, ctx):
     dst, addr, data = (ctx.vector_row(ctx.operand(t, ins), 1, ins) for t in ins.operands)
     offset = int(ins.modifiers.get("offset", "0"), 0)
 
-    def permute(w):
+    def permute(w):  # lanes [64] of a wave or [waves, 64] of a batch
         lanes = ((w.r[addr].astype(np.int64) + offset) >> 2) & 63
+        mask = w.mask
         if backward:  # pull: lane i reads lane lanes[i]; inactive sources read 0
-            value = np.where(w.mask[lanes], w.r[data][lanes], U32(0))
+            value = np.where(np.take_along_axis(mask, lanes, -1),
+                             np.take_along_axis(w.r[data], lanes, -1), U32(0))
         else:  # push: lane i writes lane lanes[i]; the highest active writer wins
-            value = np.zeros(64, U32)
-            writers = np.flatnonzero(w.mask)
-            value[lanes[writers]] = w.r[data][writers]
-        np.copyto(w.r[dst], value, where=w.mask)
-        inflight.issue_lds(w, ins, row_bits(dst, 1))
+            value = np.zeros(lanes.shape, U32)
+            writers = np.nonzero(mask)
+            value[writers[:-1] + (lanes[writers],)] = w.r[data][writers]
+        np.copyto(w.r[dst], value, where=mask)
+        _issue_lds(w, ins, row_bits(dst, 1), masked=False)
     return permute
 
 

@@ -103,6 +103,7 @@ class Wave:
         self.set_exec(M64)
 
     def set_exec(self, value: int) -> None:
+        self.group.exec_epoch += 1  # the workgroup's batches read their masks again
         self.exec = value & M64
         self.full = self.exec == M64
         self.mask = ALL_LANES if self.full else int_to_mask(self.exec)
@@ -116,7 +117,7 @@ class Workgroup:
     """Its waves' vector registers are one array [waves, registers, 64], so that
     a run of waves at the same instruction executes it once (Batch)."""
 
-    __slots__ = ("arrived", "batches", "cu", "id", "index", "lds", "registers", "waves")
+    __slots__ = ("arrived", "batches", "cu", "exec_epoch", "id", "index", "lds", "registers", "waves")
 
     def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int, cu=None,
                  waves: int = 1, vector_registers: int = 1):
@@ -125,39 +126,44 @@ class Workgroup:
         self.id = group_id
         self.lds = np.zeros(max(lds_bytes, 4), dtype=np.uint8)
         self.registers = np.zeros((waves, vector_registers, LANES), dtype=np.uint32)
+        self.exec_epoch = 0  # counts exec writes of its waves (Batch.read_exec)
         self.waves: list[Wave] = [Wave(self, i, self.registers[i]) for i in range(waves)]
         self.batches = {}  # (first wave, last wave + 1) -> Batch
         self.arrived = 0
 
     def batch(self, first: int, stop: int) -> Batch:
-        """Waves first..stop-1 as one Batch (made once; its exec mask read now)."""
+        """Waves first..stop-1 as one Batch (made once)."""
         batch = self.batches.get((first, stop))
         if batch is None:
             batch = self.batches[first, stop] = Batch(self, first, stop)
-        batch.read_exec()
         return batch
 
 
 class Batch:
     """Waves first..stop-1 of a workgroup, all at the same instruction, seen as one
-    wave of [waves, 64] lanes by a VALU or MFMA closure: vector registers are
+    wave of [waves, 64] lanes by a VALU, MFMA or LDS-read closure: vector registers are
     views [register, wave, lane] of the workgroup's array, the exec mask is
     [waves, 64], and an SGPR reads as an int when the waves agree on it, else as
     a column [waves, 1]; a mask destination is written wave by wave
     (operands.vector_writer)."""
 
-    __slots__ = ("all_lanes", "f", "full", "i", "mask", "r", "s", "waves")
+    __slots__ = ("all_lanes", "epoch", "f", "full", "group", "i", "mask", "r", "s", "waves")
 
     def __init__(self, group: Workgroup, first: int, stop: int):
+        self.group = group
         self.waves = group.waves[first:stop]
         self.r = group.registers[first:stop].transpose(1, 0, 2)
         self.f, self.i = self.r.view(np.float32), self.r.view(np.int32)
         self.all_lanes = ALL_WAVES[: stop - first]
         self.s = _BatchScalars(self.waves)
+        self.epoch = None
 
     def read_exec(self) -> None:
-        self.full = all(w.full for w in self.waves)
-        self.mask = self.all_lanes if self.full else np.array([w.mask for w in self.waves])
+        """Take the waves' exec masks (again only if one of the workgroup's changed)."""
+        if self.epoch != self.group.exec_epoch:
+            self.epoch = self.group.exec_epoch
+            self.full = all(w.full for w in self.waves)
+            self.mask = self.all_lanes if self.full else np.array([w.mask for w in self.waves])
 
     @property
     def exec(self):
