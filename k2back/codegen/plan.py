@@ -10,7 +10,7 @@ the kernel's name. Templates take every number from here and restate none.
 Stage order and task tables (SPEC §3); CTA b runs tasks (b − first_cta) mod
 BLOCKS, + BLOCKS, ... of each stage, in this order:
   split    S·ceil(nchunk/CPT) tasks of CPT chunks        plan_attention
-  combine  S·H/8 tasks (task = t·(H/8) + head group)     plan_attention
+  combine  S·H/CH tasks (task = t·(H/CH) + head group)   plan_attention
   wo_a     G·o_rank/32 tasks of 32 wo_a rows
   wo_b     hidden/16 tasks of 16 wo_b rows
 The GEMVs' task 0 sits on the CTA after the last attention task, so the CTAs
