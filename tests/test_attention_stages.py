@@ -261,8 +261,8 @@ def test_plan_fits_and_covers(geometry, tp, tokens, arch):
     assert (math.ceil(a.split_tasks / blocks) * a.chunks_per_task
             <= math.ceil(tokens * a.nchunk / blocks))
     assert a.combine_tasks * a.combine_heads == tokens * rank.heads
-    # a wave a SIMD when the combine tasks fit beside the split's, else a group a task
-    fits = tokens * rank.heads // 4 <= blocks - a.split_tasks
+    # a wave a SIMD while the attention tasks hold at most a quarter of the grid, else a group a task
+    fits = tokens * rank.heads // 4 + a.split_tasks <= blocks // 4
     assert a.combine_heads == (4 if fits else 8)
     # members 16-B aligned and disjoint, except what the plan says aliases
     # (p and dots over a streamed q tile, dots over p beside a resident q)

@@ -318,9 +318,10 @@ def chunks_per_task(tokens: int, nchunk: int, heads: int, chunk_keys: int,
 def combine_heads_for(tokens: int, heads: int, split_tasks: int, target: ArchInfo) -> int:
     """Heads a combine task merges (a wave a head): one a SIMD (SIMDS), so that no
     two waves of a task share a SIMD's VALU (the combine is VALU-bound and on the
-    critical path), while the tasks fit the CTAs beside the split's; else a
-    group's HEADS_PER_GROUP (two waves a SIMD)."""
-    if tokens * heads // SIMDS <= target.blocks - split_tasks:
+    critical path), while the attention tasks stay within a quarter of the grid
+    (the extra combine tasks come out of the CTAs that stream GEMV weights from
+    launch); else a group's HEADS_PER_GROUP (two waves a SIMD)."""
+    if tokens * heads // SIMDS + split_tasks <= target.blocks // SIMDS:
         return SIMDS
     return HEADS_PER_GROUP
 
