@@ -260,7 +260,10 @@ def test_plan_fits_and_covers(geometry, tp, tokens, arch):
     blocks = targets.ARCHS[arch].blocks
     assert (math.ceil(a.split_tasks / blocks) * a.chunks_per_task
             <= math.ceil(tokens * a.nchunk / blocks))
-    assert a.combine_tasks * 8 == tokens * rank.heads
+    assert a.combine_tasks * a.combine_heads == tokens * rank.heads
+    # a wave a SIMD while the attention tasks hold at most a quarter of the grid, else a group a task
+    fits = tokens * rank.heads // 4 + a.split_tasks <= blocks // 4
+    assert a.combine_heads == (4 if fits else 8)
     # members 16-B aligned and disjoint, except what the plan says aliases
     # (p and dots over a streamed q tile, dots over p beside a resident q)
     home = "p" if a.q_resident else "q"

@@ -109,6 +109,29 @@ def test_one_cu_streams_at_its_own_limit(arch):
     assert got == pytest.approx(want, rel=0.10), f"{p.name}: {got / 1e9:.0f} GB/s a CU"
 
 
+def burst(arch: str, loads: int) -> float:
+    """One wave issues `loads` dword loads of fresh lines (one line each), then waits."""
+    data = np.zeros((loads + 1) * LINE // 4, np.uint32)
+    body = "\tv_mov_b32 v2, 0\n" + ("\tglobal_load_dword v3, v2, s[4:5]\n"
+                                   f"\tv_add_u32_e32 v2, {LINE}, v2\n") * loads + "\ts_waitcnt vmcnt(0)\n"
+    return timed(arch, body, data)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_wave_has_at_most_vmcnts_range_of_loads_in_flight(arch):
+    """Up to wave_vm_outstanding loads overlap (more of them cost only their issue:
+    a load and an add each); the next ones wait for the oldest: twice the limit
+    takes a second HBM latency."""
+    p = part(arch)
+    most = p.wave_vm_outstanding
+    more = most - most // 2
+    within = burst(arch, most) - burst(arch, most // 2)
+    issue = p.ns(p.issue_cycles["vmem_load"] + p.issue_cycles["valu"])
+    assert within == pytest.approx(more * issue, rel=0.10), f"{p.name}: {within:.0f} ns for {more} more loads"
+    beyond = burst(arch, 2 * most) - burst(arch, most)
+    assert beyond == pytest.approx(p.hbm_ns, rel=0.10), f"{p.name}: {beyond:.0f} ns, table {p.hbm_ns}"
+
+
 # ---------------------------------------------------------------- hand-off
 
 def ping_pong(arch: str, rounds: int) -> float:

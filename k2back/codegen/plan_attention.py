@@ -9,9 +9,10 @@ regions out at 256-B aligned offsets.
 Contract notes for plan.py / kernel.ll.j2 (see ARCHITECTURE.md):
 - Tasks: split task = t·tasks_per_token + i covers chunks i·CPT ..
   min((i+1)·CPT, nchunk) - 1 of token t (CPT = chunks_per_task, consecutive
-  chunks sharing one read of q), combine task = t·(H/8) + head group (8
-  heads: a wave a head). TP 8 (H = 8) has one combine task a token. One
-  split flag a task: combine awaits the token's tasks_per_token flags.
+  chunks sharing one read of q), combine task = t·(H/CH) + head group (CH =
+  combine_heads, 4 or 8 heads: a wave a head); a wo_a group's 8 heads are
+  8/CH consecutive combine tasks. One split flag a task: combine awaits the
+  token's tasks_per_token flags.
 - A split task stops at its first chunk that starts at or past key_len[t]
   (returning at once when that is its first) without writing that chunk's
   scratch; combine reads only the chunks below ceil(key_len[t] / CK), so
@@ -99,6 +100,7 @@ PART_PIECES = {
 KERNEL_LDS = 16
 MAX_CHUNKS = WAVE  # combine reads a token's chunk stats a lane a chunk
 MIN_SPLIT_TASKS = 8
+SIMDS = 4  # a CU's SIMDs (CDNA3/CDNA4): waves of a CTA beyond 4 share one
 
 
 @dataclass(frozen=True)
@@ -112,7 +114,8 @@ class AttentionPlan:
       chunks_per_task (CPT): consecutive chunks of one token a split task
         runs, q read once for all (in LDS, every head tile, when CPT > 1)
       tasks_per_token = ceil(nchunk / CPT)
-      split_tasks = S·tasks_per_token, combine_tasks = S·H/8
+      split_tasks = S·tasks_per_token, combine_tasks = S·H/combine_heads
+      combine_heads: heads a combine task merges, a wave each (combine_heads_for)
       key_tiles = CK/16, key_parts <= 8/key_tiles (as many as LDS allows for
         the parts' dots): wave w < key_tiles·key_parts scores key tile
         w % key_tiles (keys c·CK + 16·tile ..) over the record pieces
@@ -165,6 +168,7 @@ class AttentionPlan:
     tasks_per_token: int
     split_tasks: int
     combine_tasks: int
+    combine_heads: int
     key_tiles: int
     key_parts: int
     raw_keys: int
@@ -208,10 +212,6 @@ class AttentionPlan:
     def q_resident(self) -> bool:
         """q of every head tile stays in LDS across the task's chunks."""
         return self.chunks_per_task > 1
-
-    @property
-    def combine_heads(self) -> int:
-        return min(HEADS_PER_GROUP, self.heads)
 
     @property
     def head_groups(self) -> int:
@@ -315,6 +315,17 @@ def chunks_per_task(tokens: int, nchunk: int, heads: int, chunk_keys: int,
     return max(c for c in range(1, nchunk + 1) if busiest(c) == least)
 
 
+def combine_heads_for(tokens: int, heads: int, split_tasks: int, target: ArchInfo) -> int:
+    """Heads a combine task merges (a wave a head): one a SIMD (SIMDS), so that no
+    two waves of a task share a SIMD's VALU (the combine is VALU-bound and on the
+    critical path), while the attention tasks stay within a quarter of the grid
+    (the extra combine tasks come out of the CTAs that stream GEMV weights from
+    launch); else a group's HEADS_PER_GROUP (two waves a SIMD)."""
+    if tokens * heads // SIMDS + split_tasks <= target.blocks // SIMDS:
+        return SIMDS
+    return HEADS_PER_GROUP
+
+
 def plan_attention(
     rank: RankShape, tokens: int, ratio: int, target: ArchInfo, chunk_keys: int | None = None
 ) -> AttentionPlan:
@@ -352,6 +363,7 @@ def plan_attention(
                         for name, kind, j, _, q_at in RECORD_PIECES
                         for o in range(PIECE_DIMS[kind] // target.mfma_k))
     tasks_per_token = math.ceil(nchunk / cpt)
+    combine_heads = combine_heads_for(tokens, heads, tokens * tasks_per_token, target)
     return AttentionPlan(
         arch=target.name,
         tokens=tokens,
@@ -363,7 +375,8 @@ def plan_attention(
         chunks_per_task=cpt,
         tasks_per_token=tasks_per_token,
         split_tasks=tokens * tasks_per_token,
-        combine_tasks=tokens * heads // min(HEADS_PER_GROUP, heads),
+        combine_tasks=tokens * heads // combine_heads,
+        combine_heads=combine_heads,
         key_tiles=ck // KEY_TILE,
         key_parts=key_parts,
         raw_keys=raw_keys,

@@ -31,7 +31,9 @@ docs/timing-model.md); this module is only the mechanics that charge them:
   `cu_bytes_per_cycle` (`Pipe`: time bins, a transfer takes the earliest free
   capacity). Scalar loads: the scalar cache (64 B lines), then the L2's miss
   penalty, then memory. LDS: latency + port cycles (`Part.lds_cycles`).
-  Stores complete at the L2's latency.
+  Stores complete at the L2's latency. A wave's vector memory instruction
+  waits to issue while `Part.wave_vm_outstanding` of its own are in flight
+  (vmcnt's range; the counter retires in order).
 - s_waitcnt (and s_endpgm): the wave's clock moves to the ready time of the
   oldest operations the counter retires (the queues mirror inflight.py's).
 - Hand-offs: `buffer_wbl2 sc1` completes `release_fence_ns` after issue,
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import math
 import re
 
@@ -272,6 +275,15 @@ class Timing:
         mem.load, mem.load_scalar, mem.touch, mem.atomic = timed_load, timed_load_scalar, timed_touch, timed_atomic
         mem.invalidate, mem.invalidate_scalar = timed_invalidate, timed_invalidate_scalar
 
+    def _vm_issue(self) -> float:
+        """The current wave's clock once its vector memory instruction may issue:
+        with `wave_vm_outstanding` in flight it waits for the oldest to retire
+        (vmcnt counts in order: an operation retires when all before it are ready)."""
+        queue, most = self.vmq, self.part.wave_vm_outstanding
+        if len(queue) >= most:
+            self.t = max(self.t, max(itertools.islice(queue, len(queue) - most + 1)))
+        return self.t
+
     def _vector(self, w, addresses, size: int, through_l1: bool) -> None:
         g = w.group.index
         xcd = g % XCDS
@@ -282,7 +294,7 @@ class Timing:
         beyond_l2 = beyond_l1 - l2
         new = beyond_l2 - self.touched
         level = "hbm" if new else "mall" if beyond_l2 else "l2" if beyond_l1 else "l1"
-        t = self.t
+        t = self._vm_issue()
         ready = t + lat[level]
         ready = max(ready, self.cu_pipes[g].transfer(t, len(lines) * LINE_BYTES))
         if beyond_l1:
@@ -327,7 +339,7 @@ class Timing:
         g = w.group.index
         xcd = g % XCDS
         lines = set(lines_of(addresses, size).tolist())
-        t = self.t
+        t = self._vm_issue()
         ready = t + self.latency["l2"]
         ready = max(ready, self.cu_pipes[g].transfer(t, len(lines) * LINE_BYTES))
         ready = max(ready, self.l2_pipe[xcd].transfer(t, len(lines) * LINE_BYTES))
@@ -339,6 +351,7 @@ class Timing:
         xcd = g % XCDS
         lines = set(lines_of(addresses, size).tolist())
         level = "hbm" if lines - self.touched else "mall"
+        self._vm_issue()
         self._written(lines, xcd, self.t)
         self.ready = self.t + self.latency[level]
 

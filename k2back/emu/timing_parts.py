@@ -25,6 +25,8 @@ Sources, all read 2026-12-01 (the tags the comments below use):
            (MI300X: L1 hit 112, NT/sc1 load = L2 hit 224, load after buffer_inv sc1 212 cycles).
 [llvm]     llvm/lib/Target/AMDGPU/SISchedule.td (ROCm/llvm-project 37d9a34):
            SIDPGFX942FullSpeedModel, SIDPGFX950FullSpeedModel; "passes" of 4 cycles.
+[waitcnt]  LLVM AMDGPU docs, gfx9_waitcnt.rst (releases.llvm.org 11.0.0, read 2026-12-02):
+           the s_waitcnt operand's VM_CNT is bits 15:14 and 3:0, value range 0..63.
 [calc]     ROCm/amd_matrix_instruction_calculator matrix_calculator.py (2ef9189, 2025-05-20),
            dict_insts["cdna3"]: 'cycles' and 'coexec_delay' per MFMA.
 [rocprof]  ROCm/rocprofiler-compute (95b600e and soc_gfx950.py 06713b3):
@@ -108,6 +110,7 @@ class Part:
     hbm_bytes_per_s: float  # achievable, all CUs streaming
     hbm_peak_bytes_per_s: float
     cu_bytes_per_cycle: int  # what one CU's vL1D / address path delivers
+    wave_vm_outstanding: int  # vector memory instructions a wave may have in flight (vmcnt's range)
     l2_bytes_per_cycle_per_xcd: int  # achievable, the XCD's 16 channels together
     release_fence_ns: float  # agent-scope release (buffer_wbl2 sc1 + wait) over workgroup scope
     acquire_fence_ns: float  # agent-scope acquire (buffer_inv sc1) over workgroup scope
@@ -233,6 +236,7 @@ MI300X = Part(
     hbm_bytes_per_s=4.0e12,  # [mt4g] MI300X main readBandwidth 3689.7 GiB/s = 3.96e12; [spec] BabelStream 4.0
     hbm_peak_bytes_per_s=5.3e12,  # [mi300doc]
     cu_bytes_per_cycle=128,  # [rocprof] gfx942 vL1D peak 128 B/clk/CU; [mt4g] MI300A 249.8 GiB/s/CU = 127.7 B/clk
+    wave_vm_outstanding=63,  # [waitcnt] gfx9 s_waitcnt: VM_CNT bits 15:14 and 3:0, 0..63
     l2_bytes_per_cycle_per_xcd=918,  # [mt4g] MI300X l2 readBandwidth 14365 GiB/s / 8 XCDs / 2.1 GHz (45% of [rocprof] 16 x 128)
     release_fence_ns=160.0,  # [spec] (Kog) +130..190 ns, midpoint
     acquire_fence_ns=130.0,  # [spec] (Kog) +120..145 ns, midpoint
@@ -272,6 +276,7 @@ MI355X = Part(
     mall_bytes=256 * 1024 * 1024,  # [mi350doc] "256MB"
     hbm_bytes_per_s=6.0e12,  # guess: MI300X's measured 0.75 of peak x 8 TB/s ([spec] says 6.5..7.2, uncited)
     hbm_peak_bytes_per_s=8.0e12,  # [mi350doc]
+    wave_vm_outstanding=63,  # [waitcnt] as MI300X (gfx950 keeps the gfx9 encoding)
     cu_bytes_per_cycle=128,  # [rocprof] gfx950 vL1D peak 128 B/clk/CU ([mt4g] MI350P 214 GiB/s/CU = 105 B/clk at 2.2)
     l2_bytes_per_cycle_per_xcd=1525,  # [mt4g] MI350P l2 readBandwidth 12495 GiB/s / 4 XCDs / 2.2 GHz
     release_fence_ns=160.0,  # guess: MI300X's (no CDNA4 measurement)
