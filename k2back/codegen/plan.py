@@ -47,8 +47,9 @@ from k2back.formats import KV_RECORD_BYTES
 from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, RankShape
 from k2back.model import geometry as model_geometry
 
+WAVE = 64  # lanes of a wave (wave64)
 THREADS = 512  # 8 waves of 64: one CTA a CU, all resident
-WAVES = THREADS // 64
+WAVES = THREADS // WAVE
 TILE = 16  # MFMA 16x16: weight rows of an A tile, tokens of a B tile
 WOA_ROWS = 2 * TILE  # wo_a rows a task: one MXFP8 block of Z columns
 STEP_BYTES = 64  # k bytes one 16-B load a lane covers across the 4 lane groups
@@ -136,7 +137,7 @@ class GemvStage:
     tasks_per_group: int  # task // this = the group whose k activation columns a task reads
     red: int  # LDS offset of the cross-wave partial sums: f32 [k_waves][row tiles][64][4]
     red_wave: int  # LDS bytes of one wave's partial sums in red
-    ep_threads: int  # threads of the epilogue: 8 a token of a 16-token tile
+    ep_threads: int  # threads of the epilogue: 8 a token of a 16-token tile, whole waves
 
     @property
     def row_tiles(self) -> int:
@@ -409,7 +410,15 @@ def _gemv_stage(name: str, mma: GemvMma, tokens: int, tasks: int, first_cta: int
         rows=rows, k=k, k_waves=k_waves, k_steps=k_steps, step=STEP_BYTES, block=MX_BLOCK,
         code_steps=mma.code_steps, x_batch=x_batch, token_tiles=math.ceil(tokens / TILE),
         x_tokens=mma.x_tokens, x_tiles=x_tiles, x_steps=x_steps, scale_late=scale_late,
-        red=0, red_wave=rows // TILE * 64 * 16, ep_threads=TILE * THREADS_PER_TOKEN, **operands)
+        red=0, red_wave=rows // TILE * 64 * 16, ep_threads=_epilogue_threads(tokens), **operands)
+
+
+def _epilogue_threads(tokens: int) -> int:
+    """Threads of a GEMV epilogue: 8 a token of a 16-token tile, in whole waves — one
+    wave while S <= 8, so at decode the other waves skip the reduction (and a timeline
+    stamp there is one wave's)."""
+    per_wave = WAVE // THREADS_PER_TOKEN
+    return THREADS_PER_TOKEN * min(TILE, -(-tokens // per_wave) * per_wave)
 
 
 def _gemv_stages(geo, rank: RankShape, tokens: int, attention_tasks: int, blocks: int,
