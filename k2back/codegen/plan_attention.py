@@ -217,6 +217,11 @@ class AttentionPlan:
     def head_groups(self) -> int:
         return self.heads // self.combine_heads
 
+    @property
+    def combine_tasks_per_group(self) -> int:
+        """Combine tasks (consecutive flags) that hold one wo_a group's heads."""
+        return HEADS_PER_GROUP // self.combine_heads
+
 
 def _align16(n: int) -> int:
     return -(-n // 16) * 16
