@@ -164,3 +164,13 @@ def test_plan_takes_its_target_facts():
     assert KernelSpec.from_json(spec.to_json()) == spec
     with pytest.raises(ValueError, match="^target: "):
         plan("tiny", 4, 3, 2, "gfx942", target=ARCHS["gfx950"])
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 7, 8, 9, 15, 16, 17, 48, MAX_TOKENS])
+def test_gemv_epilogue_covers_every_token_of_a_tile_in_whole_waves(tokens):
+    # 8 threads a token of a 16-token tile: enough for the tokens a tile holds,
+    # whole waves, and no wave more than that (a second wave at S <= 8 is waste)
+    needed = 8 * min(tokens, 16)
+    for stage in ("wo_a", "wo_b"):
+        threads = getattr(plan("tiny", 1, tokens, 2, "gfx942"), stage).ep_threads
+        assert threads >= needed and threads % 64 == 0 and threads - needed < 64, (stage, threads)
