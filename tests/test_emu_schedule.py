@@ -299,3 +299,32 @@ def test_lds_stores_under_per_wave_exec_masks(arch, batched):
     np.testing.assert_array_equal(out[512:], np.where(t >= 448, lds[(t + 64) % 512], 0))
     assert stats.lds_written == 4 * (512 + int((t % 4 <= t // 64).sum()))
     assert (stats.batched > 0) == batched
+
+
+# ---- across workgroups (machine._turns): consecutive workgroups whose waves are
+# at the same places take their turn as one, and a VALU/MFMA instruction runs
+# once over the waves of all of them (one view of the launch's registers); LDS
+# instructions per workgroup (each has its own LDS).
+
+
+def launch_mix_per_workgroup(arch: str, x: np.ndarray):
+    out = np.zeros_like(x)
+    machine = Machine(arch)
+    machine.batch_workgroups = False
+    stats = run(MIX, arch, "mix", {"x": x, "out": out}, grid=(GROUPS,), block=(512,), machine=machine)
+    return out, stats
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_workgroups_in_step_run_as_one_batch(arch):
+    x = rng(13).integers(0, 2**32, 512 * GROUPS, dtype=np.uint64).astype(np.uint32)
+    want = mix_reference(x)
+    across, stats = launch_mix(arch, x, batched=True)
+    alone, alone_stats = launch_mix_per_workgroup(arch, x)
+    np.testing.assert_array_equal(alone, want)
+    np.testing.assert_array_equal(across, want)
+    mine, theirs = dataclasses.asdict(stats), dataclasses.asdict(alone_stats)
+    assert {k: mine[k] for k in SAME_COUNTERS} == {k: theirs[k] for k in SAME_COUNTERS}
+    # the workgroups run in step: a VALU once for all three (per workgroup: 17 LDS
+    # and 36 VALU executions; across: 3 x 17 + 36)
+    assert alone_stats.batches == 3 * 53 and stats.batches == 3 * 17 + 36

@@ -48,7 +48,7 @@ from .memops import decode_buffer, decode_ds, decode_global, decode_smem
 from .memory import GlobalMemory
 from .operands import parse, scalar_reader, scalar_writer
 from .salu import decode_branch, decode_sop
-from .state import LANES, M64, Workgroup
+from .state import LANES, M64, Grid, Workgroup
 from .valu import decode_valu
 
 ARCH_LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -78,6 +78,7 @@ class Stats:
     spans: dict = dataclasses.field(default_factory=dict)  # timing: workgroup -> (start, end) ns
     timeline: dict = dataclasses.field(default_factory=dict)  # timing + regions: timing.Timing.timeline
     batched: int = 0  # wave-instructions executed once for several waves (state.Batch)
+    batches: int = 0  # executions of those: one per batch (or lone wave) of a batched step
 
     @property
     def total_polls(self) -> int:
@@ -87,7 +88,7 @@ class Stats:
         """A human-readable summary: instruction mix, bytes per buffer, sync."""
         lines = [(f"{self.workgroups} workgroups, {self.waves} waves, "
                   f"{self.wave_instructions:,} wave-instructions in {self.rounds} rounds "
-                  f"({self.batched:,} of them batched)")]
+                  f"({self.batched:,} of them batched, in {self.batches:,} executions)")]
         lines += [f"  {cls:<12} {count:>12,}" for cls, count in self.instructions.items()]
         for name in sorted(set(self.bytes_read) | set(self.bytes_written)):
             read, written = self.bytes_read.get(name, 0), self.bytes_written.get(name, 0)
@@ -200,6 +201,7 @@ class Machine:
         self.max_wave_instructions = max_wave_instructions
         self.trace = trace
         self.batching = trace is None  # several waves at one instruction run it once (_run_turn)
+        self.batch_workgroups = True  # ... also waves of several workgroups (_turns)
         self.memory = GlobalMemory()
         self._clock = 0
         self._progress = False
@@ -244,12 +246,14 @@ class Machine:
         scoreboard = inflight.Scoreboard(kernel, setup.accum_offset)
         launch_buffers = [self.memory.map(array, name) for name, array in setup.launch_buffers.items()]
         try:
-            groups = setup.workgroups(*launch_buffers, _order(order, grid), mem)
+            groups, registers = setup.workgroups(*launch_buffers, _order(order, grid), mem)
             with np.errstate(all="ignore"):  # integer wrap-around and IEEE specials are the ISA's
                 if timer is not None:  # timing mode: waves one at a time, in modeled time order
                     timer.schedule(groups, code, kernel, stats, scoreboard)
                 else:
-                    self._schedule(groups, code, (batchable, stops, jumps), kernel, stats, scoreboard)
+                    lds = [cls == "lds" for cls in classes]  # a batch of one workgroup (its LDS)
+                    self._schedule(groups, registers, code, (batchable, stops, jumps, lds), kernel, stats,
+                                   scoreboard)
             mem.end()
         finally:
             for base in launch_buffers:
@@ -285,9 +289,9 @@ class Machine:
         classes.append("none")
         return code, classes
 
-    def _schedule(self, groups, code, steps, kernel, stats: Stats, scoreboard) -> None:
+    def _schedule(self, groups, grid, code, steps, kernel, stats: Stats, scoreboard) -> None:
         hits = self._hits = [0] * len(code)
-        self._batched = 0
+        self._batched = self._batches = 0
         live = [g for g in groups if not all(w.done for w in g.waves)]
         quiet_rounds, round_number, executed = 0, 0, 0
         wake = self._wake = {}
@@ -296,8 +300,9 @@ class Machine:
             self._progress = False
             def ready(w, now=round_number):
                 return not (w.done or w.waiting or wake.get(w, 0) > now)
-            for g in live:
-                for w, ran, reason in self._run_turn(g, ready, code, steps, hits, kernel, scoreboard):
+            for turn in (_turns(live, ready) if self.batching and self.batch_workgroups else live):
+                for w, ran, reason in self._run_turn(turn, grid, ready, code, steps, hits, kernel,
+                                                     scoreboard):
                     executed += ran
                     if reason == "sleep":
                         wake[w] = round_number + 1 + w.sleep_rounds
@@ -311,12 +316,14 @@ class Machine:
             if live and executed > self.max_wave_instructions:  # a spin without s_sleep
                 raise Deadlock(_deadlock_report(_live_waves(live), kernel,
                                                 f"more than {self.max_wave_instructions:,} wave-instructions"))
-        stats.rounds, stats.batched = round_number, self._batched
+        stats.rounds, stats.batched, stats.batches = round_number, self._batched, self._batches
         self._clock += executed
 
-    def _run_turn(self, group, ready, code, steps, hits, kernel, scoreboard):
-        """One round's turn of a workgroup: each wave that is `ready` runs up to a
-        quantum; yields (wave, instructions run, why it stopped).
+    def _run_turn(self, group, grid, ready, code, steps, hits, kernel, scoreboard):
+        """One round's turn of a workgroup, or of consecutive workgroups whose waves
+        are at the same places (`_turns`: they run as one, `group` has their waves):
+        each wave that is `ready` runs up to a quantum; yields (wave, instructions
+        run, why it stopped).
 
         This is where the machine picks what runs next. Wave by wave, in order,
         when `batching` is off (a trace turns it off), or while fewer than two
@@ -341,6 +348,20 @@ class Machine:
                 if ready(w):
                     yield w, *self._run_quantum(w, code, hits, kernel, scoreboard, self.quantum)
             return
+        budget, granted, turn, going = {}, {}, [], []
+        for g in group.groups if type(group) is _Turn else (group,):
+            mine = yield from self._run_alone(g, budget, granted, ready, code, hits, kernel, scoreboard)
+            if mine:
+                turn += mine
+                going.append(g)
+        if going:
+            yield from self._run_together(going[0] if len(going) == 1 else _Turn(going), turn, budget, granted,
+                                          grid, ready, code, steps, hits, kernel, scoreboard)
+
+    def _run_alone(self, group, budget, granted, ready, code, hits, kernel, scoreboard):
+        """The start of a workgroup's turn while fewer than two of its waves are
+        ready (`_run_turn`); returns the waves that run on together, with their
+        quanta in `budget` and `granted`."""
         turn, alone, ran = [w for w in group.waves if ready(w)], [], 0
         while len(turn) == 1:
             w = turn[0]
@@ -351,13 +372,21 @@ class Machine:
                     break
             alone.append(w)
             yield w, ran, reason
-            turn, ran = [v for v in group.waves[w.index + 1:] if ready(v)], 0
-        budget = dict.fromkeys(alone, 0)  # those waves had their turn
+            turn, ran = [v for v in group.waves if v.slot > w.slot and ready(v)], 0
+        budget.update(dict.fromkeys(alone, 0))  # those waves had their turn
         budget.update(dict.fromkeys(turn, self.quantum))
-        granted = dict(budget)
+        granted.update(dict.fromkeys(alone, 0))
+        granted.update(dict.fromkeys(turn, self.quantum))
         if len(turn) > 1 and ran:
             budget[w] -= ran
-        stops = steps[1]
+        return turn
+
+    def _run_together(self, group, turn, budget, granted, grid, ready, code, steps, hits, kernel, scoreboard):
+        """The rest of a turn from when two or more waves are in it (`_run_turn`).
+        The waves of workgroups that take a turn together (`_Turn`) run as the
+        waves of one, but each workgroup's turn ends on its own when its waves
+        perform stores (`ended`)."""
+        stops, ended = steps[1], set()
         while turn:
             pcs = [w.pc for w in turn]
             pc = min(pcs)
@@ -366,53 +395,57 @@ class Machine:
             else:
                 at = [w for w in turn if w.pc == pc]
                 others = min(p for p in pcs if p != pc)
-            stopped, performed = self._run_cohort(group, at, pc, others, budget, code, steps, hits,
+            stopped, performed = self._run_cohort(grid, at, pc, others, budget, code, steps, hits,
                                                   kernel, scoreboard)
             if performed:  # other workgroups see those stores before this one's other waves perform theirs
                 for w in at:
-                    if w not in stopped and not stops[w.pc]:
+                    if w.group in performed and w not in stopped and not stops[w.pc]:
                         ran, reason = self._run_quantum(w, code, hits, kernel, scoreboard, budget[w], stops)
                         budget[w] -= ran
                         if reason:
                             stopped[w] = reason
-                stopped = {w: stopped.get(w, "yield") for w in turn}
-            else:
-                self._catch_up(stopped, turn, budget, granted)
+                ended |= performed
+                stopped.update((w, "yield") for w in turn if w.group in performed and w not in stopped)
+            self._catch_up(stopped, turn, budget, granted, ended)
             for w, reason in stopped.items():
                 yield w, granted[w] - budget[w], reason
-                turn.remove(w)
+            if stopped:
+                turn = [w for w in turn if w not in stopped]
             if stopped and not performed:  # a barrier released, a sleeper woken
-                joining = [w for w in group.waves if w not in budget and ready(w)]
+                joining = [w for w in group.waves if w not in budget and w.group not in ended and ready(w)]
                 if joining:
                     budget.update(dict.fromkeys(joining, self.quantum))
                     granted.update(dict.fromkeys(joining, self.quantum))
-                    turn = sorted(turn + joining, key=lambda w: w.index)
+                    turn = sorted(turn + joining, key=lambda w: w.slot)
 
-    def _catch_up(self, stopped, turn, budget, granted) -> None:
+    def _catch_up(self, stopped, turn, budget, granted, ended) -> None:
         """A wave whose quantum ended behind the turn's other running waves runs
         one more (once a turn), so that it reaches them and they run as one batch
         again (else a wave that fell behind, e.g. while it polled, stays behind:
-        each turn it and they run a quantum each, apart)."""
-        ahead = [w.pc for w in turn if w not in stopped]
+        each turn it and they run a quantum each, apart). Not in a workgroup whose
+        turn `ended`."""
+        ahead = max((w.pc for w in turn if w not in stopped and w.group not in ended), default=-1)
         for w, reason in list(stopped.items()):
-            if reason == "quantum" and granted[w] == self.quantum and ahead and w.pc <= max(ahead):
+            if (reason == "quantum" and granted[w] == self.quantum and w.pc <= ahead
+                    and w.group not in ended):
                 budget[w] += self.quantum
                 granted[w] += self.quantum
                 del stopped[w]
 
-    def _run_cohort(self, group, at, pc, others, budget, code, steps, hits, kernel, scoreboard):
-        """Run the waves `at` (all at `pc`, in wave order) in lock-step while they
+    def _run_cohort(self, grid, at, pc, others, budget, code, steps, hits, kernel, scoreboard):
+        """Run the waves `at` (all at `pc`, in slot order) in lock-step while they
         stay together below `others` (the lowest PC of the turn's other waves) and
-        none stops; returns ({wave: why it stopped}, whether one performed stores).
+        none stops; returns ({wave: why it stopped}, the workgroups whose waves
+        performed stores).
         A batched step leaves the waves' `pc` behind (no batchable closure reads
         it) until an unbatched step or the end of the cohort."""
-        batchable, _, jumps = steps
+        batchable, _, jumps, lds = steps
         touches = scoreboard.touches
         count = len(at)
-        runs = None  # its batches, made at its first batchable instruction
+        runs = lds_runs = None  # its batches, made at its first batchable (LDS) instruction
         limit = min(budget[w] for w in at)  # steps before the first wave's quantum ends
         pending = _pending(at)
-        stopped, performed, taken, batched = {}, False, 0, 0
+        stopped, performed, taken, batched, batches = {}, set(), 0, 0, 0
         who = at[0]
         try:
             while True:
@@ -423,8 +456,14 @@ class Machine:
                             scoreboard.check(w, pc)
                 taken += 1
                 if count > 1 and batchable[pc]:
-                    runs = runs or _contiguous(group, at)
-                    self._run_batched(runs, code[pc], kernel, pc)
+                    if lds[pc]:
+                        lds_runs = lds_runs or _contiguous(grid, at, by_group=True)
+                        self._run_batched(lds_runs, code[pc], kernel, pc)
+                        batches += len(lds_runs)
+                    else:
+                        runs = runs or _contiguous(grid, at)
+                        self._run_batched(runs, code[pc], kernel, pc)
+                        batches += len(runs)
                     hits[pc] += count
                     batched += count
                     pc += 1
@@ -437,7 +476,7 @@ class Machine:
                     unperformed = who.unperformed
                     signal = run(who)
                     if who.unperformed < unperformed:
-                        performed = True
+                        performed.add(who.group)
                     if signal:
                         if signal == "retry":  # not done: the same instruction next turn
                             who.pc = pc
@@ -463,6 +502,7 @@ class Machine:
                 raise
             raise _named(error, who, kernel, pc) from error
         self._batched += batched
+        self._batches += batches
         for w in at:
             if pc is not None:
                 w.pc = pc
@@ -544,15 +584,44 @@ def _named(error, w, kernel, pc: int) -> EmulatorError:
     return EmulatorError(f"{type(error).__name__}: {error} at {where} [{w.name}]")
 
 
-def _contiguous(group, waves) -> list:
-    """`waves` (in wave order) as one state.Batch per contiguous run, a lone wave as itself."""
+def _contiguous(grid, waves, by_group: bool = False) -> list:
+    """`waves` (in slot order) as one state.Batch per run of consecutive slots (of
+    one workgroup if `by_group`), a lone wave as itself."""
     runs, first = [], 0
     for k in range(1, len(waves) + 1):
-        if k == len(waves) or waves[k].index != waves[k - 1].index + 1:
-            runs.append(group.batch(waves[first].index, waves[k - 1].index + 1) if k - first > 1
+        if (k == len(waves) or waves[k].slot != waves[k - 1].slot + 1
+                or by_group and waves[k].group is not waves[k - 1].group):
+            runs.append(grid.batch(waves[first].slot, waves[k - 1].slot + 1) if k - first > 1
                         else waves[first])
             first = k
     return runs
+
+
+class _Turn:
+    """Consecutive workgroups that take their turn as one (`_turns`)."""
+
+    __slots__ = ("groups", "waves")
+
+    def __init__(self, groups):
+        self.groups = groups
+        self.waves = [w for g in groups for w in g.waves]
+
+
+def _turns(live, ready):
+    """The round's turns: each workgroup of `live` in order, where consecutive ones
+    whose waves are ready at the same PCs (the workgroups of a stage, mostly) take
+    one turn together, so that their waves run in lock-step and a VALU or MFMA
+    instruction once for all of them."""
+    run, key = [], None
+    for g in live:
+        mine = tuple(w.pc if ready(w) else -1 for w in g.waves)
+        if mine != key and run:
+            yield run[0] if len(run) == 1 else _Turn(run)
+            run = []
+        run.append(g)
+        key = mine
+    if run:
+        yield run[0] if len(run) == 1 else _Turn(run)
 
 
 def _pending(waves) -> int:
@@ -771,7 +840,8 @@ class LaunchSetup:
         packet[28:32] = np.array([self.lds_bytes], "<u4").view(np.uint8)
         return packet
 
-    def workgroups(self, kernarg: int, packet: int, queue: int, order: list[int], mem) -> list[Workgroup]:
+    def workgroups(self, kernarg: int, packet: int, queue: int, order: list[int], mem):
+        """The launch's workgroups in `order`, and their Grid of vector registers."""
         d = self.kernel.directive
         user = self._user_sgprs(kernarg, packet, queue)
         system = [axis for axis in "xyz" if d(f"system_sgpr_workgroup_id_{axis}", 0)]
@@ -780,17 +850,17 @@ class LaunchSetup:
         v0 = self._work_item_ids(d("system_vgpr_workitem_id", 0) + 1)
         execs = [M64 >> (LANES - min(LANES, self.threads - index * LANES)) for index in range(len(v0))]
         gx, gy, _ = self.grid
-        groups = []
+        grid, groups = Grid(len(order) * len(v0), self.vector_registers), []
         for linear in order:
             group_id = (linear % gx, (linear // gx) % gy, linear // (gx * gy))
-            group = Workgroup(linear, group_id, self.lds_bytes, mem.cu(linear), len(v0), self.vector_registers)
+            group = Workgroup(linear, group_id, self.lds_bytes, mem.cu(linear), grid, len(v0))
             group.registers[:, 0] = v0
             sgprs = user + [group_id["xyz".index(axis)] for axis in system]
             for w, exec_mask in zip(group.waves, execs):
                 w.s[: len(sgprs)] = sgprs
                 w.set_exec(exec_mask)
             groups.append(group)
-        return groups
+        return groups, grid
 
     def _work_item_ids(self, components: int) -> np.ndarray:
         """v0 of every wave of a workgroup, [waves, 64]: gfx90a+ packs the work-item

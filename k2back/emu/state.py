@@ -1,4 +1,4 @@
-"""Architectural state of one wave and of one workgroup."""
+"""Architectural state of one wave, of one workgroup and of a launch's vector registers."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ M32 = 0xFFFFFFFF
 M64 = 0xFFFFFFFFFFFFFFFF
 ALL_LANES = np.ones(LANES, dtype=bool)
 ALL_LANES.flags.writeable = False
-ALL_WAVES = np.ones((16, LANES), dtype=bool)  # a Batch's exec mask when every lane is on
-ALL_WAVES.flags.writeable = False
 
 # SGPR-file slots of the named scalar registers (their gfx9 operand encodings).
 VCC, M0 = 106, 124
@@ -39,6 +37,14 @@ def int_to_mask(value: int) -> np.ndarray:
     the array is read-only so that sharing it is safe)."""
     raw = np.array([value & M64], dtype="<u8").view(np.uint8)
     mask = np.unpackbits(raw, bitorder="little").view(bool)
+    mask.flags.writeable = False
+    return mask
+
+
+@functools.lru_cache(maxsize=64)
+def all_lanes(waves: int) -> np.ndarray:
+    """A Batch's exec mask [waves, 64] when every lane is on (read-only: shared)."""
+    mask = np.ones((waves, LANES), dtype=bool)
     mask.flags.writeable = False
     return mask
 
@@ -70,6 +76,7 @@ class Wave:
         "s",
         "scc",
         "sleep_rounds",
+        "slot",
         "smem",
         "unperformed",
         "vm",
@@ -78,15 +85,16 @@ class Wave:
 
     waves = None  # not a Batch
 
-    def __init__(self, group, index: int, registers: np.ndarray):
+    def __init__(self, group, index: int, slot: int, registers: np.ndarray):
         self.s = [0] * SGPR_SLOTS
-        self.r = registers  # its rows of the workgroup's register array
+        self.r = registers  # its rows of the launch's register array (Grid)
         self.f = self.r.view(np.float32)  # the same registers seen as f32 / i32 lanes
         self.i = self.r.view(np.int32)
         self.scc = 0
         self.pc = 0
         self.group = group
-        self.index = index
+        self.index = index  # in its workgroup
+        self.slot = slot  # in the launch (Grid.waves)
         self.done = False
         self.waiting = False  # at a barrier
         self.polls = 0  # s_sleep executions
@@ -113,55 +121,72 @@ class Wave:
         return f"workgroup {self.group.index} wave {self.index}"
 
 
-class Workgroup:
-    """Its waves' vector registers are one array [waves, registers, 64], so that
-    a run of waves at the same instruction executes it once (Batch)."""
+class Grid:
+    """The vector registers of every wave of a launch, one array [waves, registers,
+    64] in the workgroups' scheduling order, so that a run of waves at the same
+    instruction, of one workgroup or of several, executes it once (Batch)."""
 
-    __slots__ = ("arrived", "batches", "cu", "exec_epoch", "id", "index", "lds", "registers", "waves")
+    __slots__ = ("batches", "registers", "waves")
 
-    def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int, cu=None,
-                 waves: int = 1, vector_registers: int = 1):
-        self.index = index
-        self.cu = cu  # its compute unit's caches (coherence.Cu)
-        self.id = group_id
-        self.lds = np.zeros(max(lds_bytes, 4), dtype=np.uint8)
+    def __init__(self, waves: int, vector_registers: int):
         self.registers = np.zeros((waves, vector_registers, LANES), dtype=np.uint32)
-        self.exec_epoch = 0  # counts exec writes of its waves (Batch.read_exec)
-        self.waves: list[Wave] = [Wave(self, i, self.registers[i]) for i in range(waves)]
-        self.batches = {}  # (first wave, last wave + 1) -> Batch
-        self.arrived = 0
+        self.waves: list[Wave] = []  # by slot
+        self.batches = {}  # (first slot, last slot + 1) -> Batch
 
     def batch(self, first: int, stop: int) -> Batch:
-        """Waves first..stop-1 as one Batch (made once)."""
+        """The waves in slots first..stop-1 as one Batch (made once)."""
         batch = self.batches.get((first, stop))
         if batch is None:
             batch = self.batches[first, stop] = Batch(self, first, stop)
         return batch
 
 
+class Workgroup:
+    """Its waves' vector registers are consecutive rows of the launch's Grid."""
+
+    __slots__ = ("arrived", "cu", "exec_epoch", "id", "index", "lds", "registers", "waves")
+
+    def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int, cu, grid: Grid,
+                 waves: int = 1):
+        self.index = index
+        self.cu = cu  # its compute unit's caches (coherence.Cu)
+        self.id = group_id
+        self.lds = np.zeros(max(lds_bytes, 4), dtype=np.uint8)
+        first = len(grid.waves)
+        self.registers = grid.registers[first:first + waves]
+        self.exec_epoch = 0  # counts exec writes of its waves (Batch.read_exec)
+        self.waves: list[Wave] = [Wave(self, i, first + i, self.registers[i]) for i in range(waves)]
+        grid.waves += self.waves
+        self.arrived = 0
+
+
 class Batch:
-    """Waves first..stop-1 of a workgroup, all at the same instruction, seen as one
-    wave of [waves, 64] lanes by a VALU, MFMA or LDS-read closure: vector registers are
-    views [register, wave, lane] of the workgroup's array, the exec mask is
-    [waves, 64], and an SGPR reads as an int when the waves agree on it, else as
-    a column [waves, 1]; a mask destination is written wave by wave
-    (operands.vector_writer)."""
+    """The waves in slots first..stop-1 of a launch (of one workgroup or of several
+    consecutive ones), all at the same instruction, seen as one wave of [waves,
+    64] lanes by a VALU, MFMA or LDS closure: vector registers are views [register,
+    wave, lane] of the launch's array, the exec mask is [waves, 64], and an SGPR
+    reads as an int when the waves agree on it, else as a column [waves, 1]; a mask
+    destination is written wave by wave (operands.vector_writer). `group` is its
+    workgroup, None when it spans several (LDS closures get one-workgroup batches)."""
 
-    __slots__ = ("all_lanes", "epoch", "f", "full", "group", "i", "mask", "r", "s", "waves")
+    __slots__ = ("all_lanes", "epoch", "f", "full", "group", "groups", "i", "mask", "r", "s", "waves")
 
-    def __init__(self, group: Workgroup, first: int, stop: int):
-        self.group = group
-        self.waves = group.waves[first:stop]
-        self.r = group.registers[first:stop].transpose(1, 0, 2)
+    def __init__(self, grid: Grid, first: int, stop: int):
+        self.waves = grid.waves[first:stop]
+        self.groups = list(dict.fromkeys(w.group for w in self.waves))
+        self.group = self.groups[0] if len(self.groups) == 1 else None
+        self.r = grid.registers[first:stop].transpose(1, 0, 2)
         self.f, self.i = self.r.view(np.float32), self.r.view(np.int32)
-        self.all_lanes = ALL_WAVES[: stop - first]
+        self.all_lanes = all_lanes(stop - first)
         self.s = _BatchScalars(self.waves)
         self.epoch = None
 
     def read_exec(self) -> None:
-        """Take the waves' exec masks (again only if one of the workgroup's changed)."""
-        if self.epoch != self.group.exec_epoch:
-            self.epoch = self.group.exec_epoch
+        """Take the waves' exec masks (again only if one of their workgroups' changed)."""
+        group = self.group
+        epoch = group.exec_epoch if group is not None else sum(g.exec_epoch for g in self.groups)
+        if self.epoch != epoch:
+            self.epoch = epoch
             self.full = all(w.full for w in self.waves)
             self.mask = self.all_lanes if self.full else np.array([w.mask for w in self.waves])
 
@@ -171,8 +196,10 @@ class Batch:
 
     @property
     def name(self) -> str:
-        w = self.waves[0]
-        return f"workgroup {w.group.index} waves {w.index}-{self.waves[-1].index}"
+        first, last = self.waves[0], self.waves[-1]
+        if first.group is last.group:
+            return f"workgroup {first.group.index} waves {first.index}-{last.index}"
+        return f"workgroup {first.group.index} wave {first.index} to workgroup {last.group.index} wave {last.index}"
 
 
 class _BatchScalars:
