@@ -4,7 +4,10 @@ Scheduling: every workgroup of a launch is resident. Waves run round-robin in
 quanta of `quantum` instructions, workgroups in `order`; within a workgroup's
 turn the waves at the lowest PC go first, in lock-step, and several waves at one
 VALU, MFMA or LDS-read instruction run it once over [waves, 64] lanes
-(`Machine._run_turn`). A wave gives up the rest of its quantum at `s_sleep N`
+(`Machine._run_turn`). Consecutive workgroups whose waves are at the same places
+when their turns come (the workgroups of a stage) take one turn together: their
+waves run as the waves of one workgroup, a VALU or MFMA instruction once for all
+(`_turns`; LDS instructions per workgroup). A wave gives up the rest of its quantum at `s_sleep N`
 (and then sits out N rounds, unless a store reaches the line it polls:
 coherence.py), at `s_barrier` (until every live wave of its workgroup arrived),
 at `s_endpgm`, and when an `s_waitcnt` stops between two stores it retires
@@ -34,7 +37,9 @@ did: bytes loads took from stale copies, bytes L2s wrote back.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import gc
 
 import numpy as np
 
@@ -221,6 +226,10 @@ class Machine:
 
         `order` is the workgroup start/scheduling order: "forward", "reverse", or a
         sequence of linear workgroup indices."""
+        with _cycle_collection_paused():
+            return self._launch(asm, kernel_name, grid, block, kernargs, dynamic_lds, order)
+
+    def _launch(self, asm, kernel_name, grid, block, kernargs, dynamic_lds, order) -> Stats:
         if not isinstance(asm, str):
             raise EmulatorError(f"asm: expected the assembly text (str), got {type(asm).__name__}")
         if not isinstance(dynamic_lds, int) or dynamic_lds < 0:
@@ -574,6 +583,22 @@ class Machine:
                     stats.polls[(g.index, w.index)] = w.polls
 
 
+@contextlib.contextmanager
+def _cycle_collection_paused():
+    """A launch allocates a great many containers that live to its end (waves and
+    their queues, closures, caches) and frees its temporaries by reference count;
+    the cycle collector those allocations trigger would walk every object of the
+    process again and again (torch's too: two thirds of an idle-grid launch). It
+    is paused for the launch and collects its cycles after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _named(error, w, kernel, pc: int) -> EmulatorError:
     """`error` from the instruction at `pc` of `w` (a wave or a batch) naming the
     wave; a numpy/indexing failure as an EmulatorError naming the instruction too."""
@@ -755,8 +780,10 @@ def _arrive(w, ctx):
 
 
 def _release_if_complete(group, ctx) -> None:
+    if not group.arrived:
+        return
     live = [w for w in group.waves if not w.done]
-    if group.arrived and group.arrived == len(live):
+    if group.arrived == len(live):
         for w in live:
             w.waiting = False
         group.arrived = 0
@@ -853,12 +880,11 @@ class LaunchSetup:
         grid, groups = Grid(len(order) * len(v0), self.vector_registers), []
         for linear in order:
             group_id = (linear % gx, (linear // gx) % gy, linear // (gx * gy))
-            group = Workgroup(linear, group_id, self.lds_bytes, mem.cu(linear), grid, len(v0))
+            group = Workgroup(linear, group_id, self.lds_bytes, mem.cu(linear), grid, execs)
             group.registers[:, 0] = v0
             sgprs = user + [group_id["xyz".index(axis)] for axis in system]
-            for w, exec_mask in zip(group.waves, execs):
+            for w in group.waves:
                 w.s[: len(sgprs)] = sgprs
-                w.set_exec(exec_mask)
             groups.append(group)
         return groups, grid
 

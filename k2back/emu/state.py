@@ -85,7 +85,7 @@ class Wave:
 
     waves = None  # not a Batch
 
-    def __init__(self, group, index: int, slot: int, registers: np.ndarray):
+    def __init__(self, group, index: int, slot: int, registers: np.ndarray, exec_mask: int = M64):
         self.s = [0] * SGPR_SLOTS
         self.r = registers  # its rows of the launch's register array (Grid)
         self.f = self.r.view(np.float32)  # the same registers seen as f32 / i32 lanes
@@ -108,7 +108,7 @@ class Wave:
         self.lds_unperformed = 0
         self.last_load = None  # (lane addresses, bytes a lane) of the last vector load
         self.polled_lines = ()  # the lines it sleeps on (coherence.StrictMemory.poll)
-        self.set_exec(M64)
+        self.set_exec(exec_mask)
 
     def set_exec(self, value: int) -> None:
         self.group.exec_epoch += 1  # the workgroup's batches read their masks again
@@ -147,15 +147,17 @@ class Workgroup:
     __slots__ = ("arrived", "cu", "exec_epoch", "id", "index", "lds", "registers", "waves")
 
     def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int, cu, grid: Grid,
-                 waves: int = 1):
+                 execs: list[int]):
+        """Workgroup `index` of waves with initial exec masks `execs`."""
         self.index = index
         self.cu = cu  # its compute unit's caches (coherence.Cu)
         self.id = group_id
         self.lds = np.zeros(max(lds_bytes, 4), dtype=np.uint8)
         first = len(grid.waves)
-        self.registers = grid.registers[first:first + waves]
+        self.registers = grid.registers[first:first + len(execs)]
         self.exec_epoch = 0  # counts exec writes of its waves (Batch.read_exec)
-        self.waves: list[Wave] = [Wave(self, i, first + i, self.registers[i]) for i in range(waves)]
+        self.waves: list[Wave] = [Wave(self, i, first + i, self.registers[i], exec_mask)
+                                  for i, exec_mask in enumerate(execs)]
         grid.waves += self.waves
         self.arrived = 0
 
