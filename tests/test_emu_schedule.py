@@ -327,3 +327,23 @@ def test_workgroups_in_step_run_as_one_batch(arch):
     assert {k: mine[k] for k in SAME_COUNTERS} == {k: theirs[k] for k in SAME_COUNTERS}
     # the workgroups run in step: a VALU once for all three (LDS per workgroup)
     assert 0 < 3 * stats.batches < 2 * alone_stats.batches
+
+
+# ---- launch set-up: the cycle collector is paused for a launch (machine.
+# _cycle_collection_paused) and must be left as it was found, also when the
+# launch raises.
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_launch_leaves_the_cycle_collector_as_it_found_it(enabled):
+    import gc
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        run_handwritten("gfx942", "\tv_mov_b32_e32 v1, v0", np.zeros(64, np.uint32))
+        assert gc.isenabled() == enabled
+        with pytest.raises(MemoryFault):
+            run(OUT_OF_RANGE, "gfx942", "stray", {"out": np.zeros(512, np.uint32)}, block=(512,))
+        assert gc.isenabled() == enabled
+    finally:
+        gc.enable() if was else gc.disable()
