@@ -262,3 +262,17 @@ def test_an_overlays_waiting_puts_act_as_done_at_once():
         held_lazy, held_eager = np.zeros(span, np.uint8), np.zeros(span, np.uint8)
         assert lazy.apply(everything, held_lazy) == eager.apply(everything, held_eager)
         np.testing.assert_array_equal(held_lazy, held_eager)
+
+
+def test_among_is_isin():
+    """coherence.among (which bytes of a store a newer store of the same s_waitcnt
+    wrote) by a table over close addresses, np.isin over far ones."""
+    from k2back.emu.coherence import among
+
+    rng = np.random.default_rng(7)
+    for spread in (16, 600, 5000, 1 << 40):
+        for _ in range(30):
+            base = int(rng.integers(1 << 32, 1 << 33))
+            values = base + rng.integers(0, spread, int(rng.integers(1, 400)))
+            others = base + rng.integers(-spread // 4, spread + spread // 4, int(rng.integers(1, 400)))
+            np.testing.assert_array_equal(among(values, others), np.isin(values, others))
