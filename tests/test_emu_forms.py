@@ -458,6 +458,9 @@ LOADS = [  # (asm, result registers, voffset register, voffset per lane, width, 
     ("buffer_load_dwordx4 v[20:23], v12, s[8:11], 0 offen offset:64 nt", "v[20:23]", 128, 16, 64),
     ("buffer_load_dwordx4 v[20:23], v12, s[8:11], 0 offen offset:64 sc1", "v[20:23]", 128, 16, 64),
     ("buffer_load_dwordx4 v[20:23], v12, s[8:11], 0 offen sc1", "v[20:23]", 16, 16, 0),
+    # lanes 51.. wholly out of range, none partly (the loads take whole lanes then)
+    ("buffer_load_dwordx4 v[20:23], v12, s[8:11], 0 offen sc0 sc1", "v[20:23]", 160, 16, 0),
+    ("buffer_load_dwordx2 v[20:21], v12, s[8:11], 0 offen offset:8", "v[20:21]", 136, 8, 8),
     ("buffer_load_ubyte v20, v12, s[8:11], 0 offen offset:2 sc1", "v20", 3, 1, 2),
     ("buffer_load_ubyte v20, v12, s[8:11], 0 offen sc1", "v20", 127, 1, 0),
 ]

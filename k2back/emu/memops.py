@@ -308,10 +308,15 @@ def decode_buffer(ins, ctx):
             if in_range is None:
                 load_lanes(w, row, ctx.load(w, addresses, size, who(w, ins), through_l1), kind)
                 return
-            data = np.zeros(addresses.shape + (element,), np.uint8)
-            if in_range.any():
-                data[in_range] = ctx.load(w, addresses[in_range], element, who(w, ins), through_l1)
-            load_lanes(w, row, data.reshape(addresses.shape[0], size), kind)
+            data = np.zeros((addresses.shape[0], size), np.uint8)
+            whole = in_range.all(1)
+            if (whole == in_range.any(1)).all():  # each lane all in range or all out: whole lanes
+                if whole.any():  # (the same bytes, and lines, as element by element)
+                    data[whole] = ctx.load(w, addresses[whole, 0], size, who(w, ins), through_l1)
+            elif in_range.any():
+                data.reshape(addresses.shape + (element,))[in_range] = ctx.load(
+                    w, addresses[in_range], element, who(w, ins), through_l1)
+            load_lanes(w, row, data, kind)
         return vmem(counter, load, ins, row_bits(row, registers(size)))
 
     def store(w):
