@@ -407,7 +407,7 @@ class Machine:
         A batched step leaves the waves' `pc` behind (no batchable closure reads
         it) until an unbatched step or the end of the cohort."""
         batchable, _, jumps = steps
-        touches = scoreboard.touches
+        touches, effects = scoreboard.touches, scoreboard.effects
         count = len(at)
         runs = None  # its batches, made at its first batchable instruction
         limit = min(budget[w] for w in at)  # steps before the first wave's quantum ends
@@ -427,6 +427,8 @@ class Machine:
                     self._run_batched(runs, code[pc], kernel, pc)
                     hits[pc] += count
                     batched += count
+                    if effects[pc][2]:  # a load (LDS): its destinations are pending now
+                        pending = _pending(at)
                     pc += 1
                     if taken == limit or pc >= others:
                         break
