@@ -130,9 +130,14 @@ class DecodeContext:
     def progress(self) -> None:
         self.machine._progress = True
 
-    def load(self, w, addresses, size: int, who, through_l1: bool):
+    def load(self, w, addresses, size: int, who, through_l1: bool, owners=None):
         """uint8 [lanes, size] a vector load reads: memory as the wave's caches show
-        it, and the wave's own stores still in flight."""
+        it, and the wave's own stores still in flight. For a Batch of one
+        workgroup's waves, `owners` is each address's wave (position, ascending):
+        one access when the addresses lie in one buffer, each wave's own
+        bookkeeping as though it loaded alone, in wave order."""
+        if owners is not None:
+            return self._load_over_waves(w, addresses, owners, size, who, through_l1)
         mem = self.mem
         if w.polled_lines:
             mem.unpoll(w)
@@ -140,6 +145,23 @@ class DecodeContext:
         data = mem.load(w, addresses, size, who, through_l1)
         if w.unperformed:
             inflight.forward(w, addresses, size, data)
+        return data
+
+    def _load_over_waves(self, batch, addresses, owners, size, who, through_l1):
+        bounds = np.searchsorted(owners, np.arange(len(batch.waves) + 1)).tolist()
+        spans = [(v, slice(a, b)) for v, a, b in zip(batch.waves, bounds, bounds[1:]) if a < b]
+        region = self.memory.region_at(int(addresses.min()))
+        if region is None or int(addresses.max()) + size > region.end:  # several buffers: wave by wave
+            return np.concatenate([self.load(v, addresses[s], size, who, through_l1) for v, s in spans])
+        mem = self.mem
+        for v, s in spans:
+            if v.polled_lines:
+                mem.unpoll(v)
+            v.last_load = (addresses[s], size)
+        data = mem.load(batch, addresses, size, who, through_l1)
+        for v, s in spans:
+            if v.unperformed:
+                inflight.forward(v, addresses[s], size, data[s])
         return data
 
     def store(self, w, ins, addresses, data, who) -> None:
