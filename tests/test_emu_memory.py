@@ -388,3 +388,18 @@ def test_batched_vector_loads_match_wave_by_wave(arch):
     np.testing.assert_array_equal(got[11], np.where(active, image[t] >> 16, 0))
     np.testing.assert_array_equal(got[12], np.where(active, image[t] >> 24, 0))
     np.testing.assert_array_equal(got[13], np.where(active, got[3], 0))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_batched_load_out_of_range_names_its_wave(arch):
+    from k2back.emu.testing import run_handwritten
+
+    body = r"""
+	s_load_dwordx2 s[2:3], s[0:1], 0x0
+	v_lshrrev_b32_e32 v30, 6, v0
+	v_lshlrev_b32_e32 v1, 20, v30
+	s_waitcnt lgkmcnt(0)
+	global_load_dword v10, v1, s[2:3]
+	s_waitcnt vmcnt(0)"""
+    with pytest.raises(MemoryFault, match=r"by workgroup 0 wave 1, line \d+: global_load_dword"):
+        run_handwritten(arch, body, np.zeros(64, np.uint32), block=(256,))
