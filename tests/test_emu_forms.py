@@ -739,3 +739,43 @@ def test_branch_forms(arch, s4, lanes):
     if lanes == 0:
         want = np.full(64, (s4 > 5) * 1, U32)
     np.testing.assert_array_equal(out, np.asarray(want, U32))
+
+
+# DPP moves and adds and v_readfirstlane under exec masks that differ per wave (wave
+# 7's is empty: its readfirstlane reads lane 0): once per batch, each wave its lanes.
+PER_WAVE_EXEC = """
+\tv_and_b32_e32 v12, 63, v0
+\tv_lshrrev_b32_e32 v13, 6, v0
+\tv_mul_u32_u24_e32 v14, 9, v13
+\tv_mov_b32_e32 v20, 0
+\tv_mov_b32_e32 v21, 0
+\tv_mov_b32_e32 v22, 0
+\tv_mov_b32_e32 v23, 0
+\tv_cmp_lt_u32_e32 vcc, v14, v12
+\ts_and_saveexec_b64 s[20:21], vcc
+\ts_nop 4
+\tv_mov_b32_dpp v20, v1 row_shr:1 row_mask:0xa bank_mask:0xf bound_ctrl:1
+\tv_mov_b32_dpp v21, v2 row_bcast:15 row_mask:0xf bank_mask:0xf
+\tv_add_f32_dpp v22, v3, v4 quad_perm:[1,0,3,2] row_mask:0xf bank_mask:0x5
+\tv_readfirstlane_b32 s10, v5
+\ts_or_b64 exec, exec, s[20:21]
+\ts_nop 1
+\tv_mov_b32_e32 v23, s10"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_dpp_and_readfirstlane_under_per_wave_exec(arch):
+    outputs = ("v20", "v21", "v22", "v23")
+    body = wave_prologue() + PER_WAVE_EXEC + "".join(wave_store(reg, i) for i, reg in enumerate(outputs))
+    words = INPUT_DWORDS + THREADS * len(outputs)
+    batched, stats = launch_waves(arch, body, words, batched=True)
+    alone, _ = launch_waves(arch, body, words, batched=False)
+    assert stats.batched >= 4 * WAVES
+    bad = np.flatnonzero(batched != alone)
+    assert bad.size == 0, (f"(slot, thread) {[divmod(int(d) - INPUT_DWORDS, THREADS) for d in bad[:4]]}: "
+                           f"batched {batched[bad[:4]]}, wave by wave {alone[bad[:4]]}")
+    t, wave = np.arange(THREADS), np.arange(WAVES)
+    v5 = batched[256 + t]  # wave_prologue: v(1 + i) of thread t is input dword 64 * i + t
+    first = np.where(wave < 7, 9 * wave + 1, 0)  # the first active lane (wave 7: none, lane 0)
+    got = batched[INPUT_DWORDS + THREADS * 3:].reshape(8, 64)
+    np.testing.assert_array_equal(got, np.repeat(v5.reshape(8, 64)[np.arange(8), first][:, None], 64, 1))
