@@ -741,7 +741,7 @@ def test_branch_forms(arch, s4, lanes):
     np.testing.assert_array_equal(out, np.asarray(want, U32))
 
 
-# DPP moves and adds and v_readfirstlane under exec masks that differ per wave (wave
+# DPP moves and adds, v_readfirstlane and 16-bit (packed) ops under exec masks that differ per wave (wave
 # 7's is empty: its readfirstlane reads lane 0): once per batch, each wave its lanes.
 PER_WAVE_EXEC = """
 \tv_and_b32_e32 v12, 63, v0
@@ -751,6 +751,10 @@ PER_WAVE_EXEC = """
 \tv_mov_b32_e32 v21, 0
 \tv_mov_b32_e32 v22, 0
 \tv_mov_b32_e32 v23, 0
+\tv_mov_b32_e32 v24, 0
+\tv_mov_b32_e32 v25, 0
+\tv_mov_b32_e32 v26, 0
+\tv_mov_b32_e32 v27, 0
 \tv_cmp_lt_u32_e32 vcc, v14, v12
 \ts_and_saveexec_b64 s[20:21], vcc
 \ts_nop 4
@@ -758,14 +762,18 @@ PER_WAVE_EXEC = """
 \tv_mov_b32_dpp v21, v2 row_bcast:15 row_mask:0xf bank_mask:0xf
 \tv_add_f32_dpp v22, v3, v4 quad_perm:[1,0,3,2] row_mask:0xf bank_mask:0x5
 \tv_readfirstlane_b32 s10, v5
+\tv_pk_add_u16 v24, v1, v2 op_sel:[1,0] op_sel_hi:[1,0]
+\tv_pk_fma_f16 v25, v3, v4, v6 op_sel_hi:[0,1,1]
+\tv_cvt_f32_f16_e32 v26, v1
+\tv_add_u16_e32 v27, v1, v2
 \ts_or_b64 exec, exec, s[20:21]
 \ts_nop 1
 \tv_mov_b32_e32 v23, s10"""
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_batched_dpp_and_readfirstlane_under_per_wave_exec(arch):
-    outputs = ("v20", "v21", "v22", "v23")
+def test_batched_dpp_readfirstlane_and_pk16_under_per_wave_exec(arch):
+    outputs = ("v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27")
     body = wave_prologue() + PER_WAVE_EXEC + "".join(wave_store(reg, i) for i, reg in enumerate(outputs))
     words = INPUT_DWORDS + THREADS * len(outputs)
     batched, stats = launch_waves(arch, body, words, batched=True)
@@ -777,5 +785,5 @@ def test_batched_dpp_and_readfirstlane_under_per_wave_exec(arch):
     t, wave = np.arange(THREADS), np.arange(WAVES)
     v5 = batched[256 + t]  # wave_prologue: v(1 + i) of thread t is input dword 64 * i + t
     first = np.where(wave < 7, 9 * wave + 1, 0)  # the first active lane (wave 7: none, lane 0)
-    got = batched[INPUT_DWORDS + THREADS * 3:].reshape(8, 64)
+    got = batched[INPUT_DWORDS + THREADS * 3:INPUT_DWORDS + THREADS * 4].reshape(8, 64)
     np.testing.assert_array_equal(got, np.repeat(v5.reshape(8, 64)[np.arange(8), first][:, None], 64, 1))

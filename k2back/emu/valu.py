@@ -324,11 +324,11 @@ def _decode_packed(ins, ctx, base):
         return batchable(pk32)
     write = vector_writer(dst, np.dtype(U32), where)
 
-    def pk16(w):
-        a = np.broadcast_to(np.asarray(fn(*[r(w) for r in lo]), dtype), (LANES,))
-        b = np.broadcast_to(np.asarray(fn(*[r(w) for r in hi]), dtype), (LANES,))
+    def pk16(w):  # a wave's lanes [64], or a Batch's [waves, 64]
+        a = np.broadcast_to(np.asarray(fn(*[r(w) for r in lo]), dtype), w.mask.shape)
+        b = np.broadcast_to(np.asarray(fn(*[r(w) for r in hi]), dtype), w.mask.shape)
         write(w, a.view(np.uint16).astype(U32) | (b.view(np.uint16).astype(U32) << U32(16)))
-    return pk16
+    return batchable(pk16)
 
 
 def _register(op, offset):
