@@ -207,9 +207,9 @@ class Overlay:
             del self.pages[line >> (PAGE_BITS - LINE_BITS)]
         return taken
 
-    def has_page(self, flat: np.ndarray) -> bool:
-        """Whether it holds anything in the page of flat's first byte (a quick test)."""
-        page = int(flat[0]) >> PAGE_BITS
+    def has_page(self, line: int) -> bool:
+        """Whether it holds anything in the page of `line` (a quick test)."""
+        page = line >> (PAGE_BITS - LINE_BITS)
         return page in self.pages or page in self.later
 
     def apply(self, flat: np.ndarray, values: np.ndarray) -> int:
@@ -554,7 +554,8 @@ class StrictMemory(IdealMemory):
     def _save_lines(self, l2: L2, lines, keep) -> None:
         """`l2`'s view of `lines` is about to change: the CU caches holding them (but
         `keep`, whose copy follows the change) keep the lines as they were."""
-        lines = np.asarray(lines).tolist()
+        if not isinstance(lines, list):
+            lines = lines.tolist()
         if not lines:
             return
         savers = {}  # line -> the caches that keep it (the order is immaterial: nothing
@@ -654,7 +655,7 @@ class StrictMemory(IdealMemory):
     def _refresh(self, line: int, w) -> None:
         """w's caches drop their copies of `line`: its next read sees memory."""
         cu = w.group.cu
-        if cu.l2.stale.has_page(line_bytes(line)):
+        if cu.l2.stale.has_page(line):
             self._save_lines(cu.l2, [line], keep=cu.l1)
             cu.l2.stale.drop_line(line)
         cu.l1.drop(line)
