@@ -458,6 +458,9 @@ LOADS = [  # (asm, result registers, voffset register, voffset per lane, width, 
     ("buffer_load_dwordx4 v[20:23], v12, s[8:11], 0 offen offset:64 nt", "v[20:23]", 128, 16, 64),
     ("buffer_load_dwordx4 v[20:23], v12, s[8:11], 0 offen offset:64 sc1", "v[20:23]", 128, 16, 64),
     ("buffer_load_dwordx4 v[20:23], v12, s[8:11], 0 offen sc1", "v[20:23]", 16, 16, 0),
+    # lanes 51.. wholly out of range, none partly (the loads take whole lanes then)
+    ("buffer_load_dwordx4 v[20:23], v12, s[8:11], 0 offen sc0 sc1", "v[20:23]", 160, 16, 0),
+    ("buffer_load_dwordx2 v[20:21], v12, s[8:11], 0 offen offset:8", "v[20:21]", 136, 8, 8),
     ("buffer_load_ubyte v20, v12, s[8:11], 0 offen offset:2 sc1", "v20", 3, 1, 2),
     ("buffer_load_ubyte v20, v12, s[8:11], 0 offen sc1", "v20", 127, 1, 0),
 ]
@@ -736,3 +739,51 @@ def test_branch_forms(arch, s4, lanes):
     if lanes == 0:
         want = np.full(64, (s4 > 5) * 1, U32)
     np.testing.assert_array_equal(out, np.asarray(want, U32))
+
+
+# DPP moves and adds, v_readfirstlane and 16-bit (packed) ops under exec masks that differ per wave (wave
+# 7's is empty: its readfirstlane reads lane 0): once per batch, each wave its lanes.
+PER_WAVE_EXEC = """
+\tv_and_b32_e32 v12, 63, v0
+\tv_lshrrev_b32_e32 v13, 6, v0
+\tv_mul_u32_u24_e32 v14, 9, v13
+\tv_mov_b32_e32 v20, 0
+\tv_mov_b32_e32 v21, 0
+\tv_mov_b32_e32 v22, 0
+\tv_mov_b32_e32 v23, 0
+\tv_mov_b32_e32 v24, 0
+\tv_mov_b32_e32 v25, 0
+\tv_mov_b32_e32 v26, 0
+\tv_mov_b32_e32 v27, 0
+\tv_cmp_lt_u32_e32 vcc, v14, v12
+\ts_and_saveexec_b64 s[20:21], vcc
+\ts_nop 4
+\tv_mov_b32_dpp v20, v1 row_shr:1 row_mask:0xa bank_mask:0xf bound_ctrl:1
+\tv_mov_b32_dpp v21, v2 row_bcast:15 row_mask:0xf bank_mask:0xf
+\tv_add_f32_dpp v22, v3, v4 quad_perm:[1,0,3,2] row_mask:0xf bank_mask:0x5
+\tv_readfirstlane_b32 s10, v5
+\tv_pk_add_u16 v24, v1, v2 op_sel:[1,0] op_sel_hi:[1,0]
+\tv_pk_fma_f16 v25, v3, v4, v6 op_sel_hi:[0,1,1]
+\tv_cvt_f32_f16_e32 v26, v1
+\tv_add_u16_e32 v27, v1, v2
+\ts_or_b64 exec, exec, s[20:21]
+\ts_nop 1
+\tv_mov_b32_e32 v23, s10"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_dpp_readfirstlane_and_pk16_under_per_wave_exec(arch):
+    outputs = ("v20", "v21", "v22", "v23", "v24", "v25", "v26", "v27")
+    body = wave_prologue() + PER_WAVE_EXEC + "".join(wave_store(reg, i) for i, reg in enumerate(outputs))
+    words = INPUT_DWORDS + THREADS * len(outputs)
+    batched, stats = launch_waves(arch, body, words, batched=True)
+    alone, _ = launch_waves(arch, body, words, batched=False)
+    assert stats.batched >= 4 * WAVES
+    bad = np.flatnonzero(batched != alone)
+    assert bad.size == 0, (f"(slot, thread) {[divmod(int(d) - INPUT_DWORDS, THREADS) for d in bad[:4]]}: "
+                           f"batched {batched[bad[:4]]}, wave by wave {alone[bad[:4]]}")
+    t, wave = np.arange(THREADS), np.arange(WAVES)
+    v5 = batched[256 + t]  # wave_prologue: v(1 + i) of thread t is input dword 64 * i + t
+    first = np.where(wave < 7, 9 * wave + 1, 0)  # the first active lane (wave 7: none, lane 0)
+    got = batched[INPUT_DWORDS + THREADS * 3:INPUT_DWORDS + THREADS * 4].reshape(8, 64)
+    np.testing.assert_array_equal(got, np.repeat(v5.reshape(8, 64)[np.arange(8), first][:, None], 64, 1))

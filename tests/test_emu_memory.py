@@ -278,3 +278,128 @@ def test_bad_launch_arguments_are_named_before_anything_runs():
         machine.launch(asm, "load_at", kernargs=bytes(512), dynamic_lds=65536)
     with pytest.raises(EmulatorError, match=r"order: expected a permutation of range\(2\), got \[0, 0\]"):
         machine.launch(asm, "load_at", grid=(2,), kernargs=bytes(512), order=[0, 0])
+
+
+# ---- vector loads batched over the waves of a workgroup (memops.vmem_load): the
+# bytes, registers and counters of wave by wave (a trace turns batching off).
+# 8 waves; words 0..4095 of `out` are input, results go to 4096 + 512 * slot + tid.
+WAVE_LOADS = """
+\ts_load_dwordx2 s[2:3], s[0:1], 0x0
+\tv_lshrrev_b32_e32 v30, 6, v0
+\ts_nop 0
+\tv_readfirstlane_b32 s12, v30
+\tv_and_b32_e32 v31, 63, v0
+\tv_lshlrev_b32_e32 v1, 2, v0
+\tv_add_u32_e32 v29, 0x4000, v1
+\tv_mov_b32_e32 v20, 0x5eed
+\tv_mov_b32_e32 v24, 0
+\ts_waitcnt lgkmcnt(0)
+\tv_mov_b32_e32 v3, s3
+\tv_add_co_u32_e32 v2, vcc, s2, v1
+\tv_addc_co_u32_e32 v3, vcc, 0, v3, vcc
+\tglobal_load_dword v10, v[2:3], off offset:12
+\tglobal_load_dword v11, v1, s[2:3] offset:4 sc1
+\ts_lshl_b32 s13, s12, 6
+\ts_add_u32 s14, s2, s13
+\ts_addc_u32 s15, s3, 0
+\tglobal_load_dword v12, v1, s[14:15]
+\ts_nop 0
+\tv_lshlrev_b32_e32 v7, 2, v30
+\tv_add_u32_e32 v7, v0, v7
+\tv_lshlrev_b32_e32 v7, 2, v7
+\tglobal_store_dword v7, v20, s[2:3] offset:8200
+\tglobal_load_dword v13, v7, s[2:3] offset:8192
+\ts_nop 0
+\ts_mov_b32 s8, s2
+\ts_and_b32 s9, s3, 0xffff
+\ts_movk_i32 s10, 0x1fc8
+\ts_mov_b32 s11, 0x20000
+\tv_mul_u32_u24_e32 v4, 0x88, v0
+\tbuffer_load_dwordx2 v[14:15], v4, s[8:11], 0 offen offset:8
+\ts_nop 0
+\tv_mul_u32_u24_e32 v5, 20, v0
+\tbuffer_load_dwordx4 v[16:19], v5, s[8:11], 0 offen offset:60
+\ts_nop 0
+\ts_add_u32 s10, s12, 0x1f00
+\tbuffer_load_dword v21, v5, s[8:11], 0 offen
+\ts_nop 0
+\ts_mov_b32 s10, 0x4000
+\tv_mul_u32_u24_e32 v6, 7, v30
+\tv_cmp_lt_u32_e32 vcc, v31, v6
+\ts_and_saveexec_b64 s[20:21], vcc
+\tglobal_load_ushort v22, v1, s[2:3] offset:2
+\ts_nop 0
+\tbuffer_load_ubyte v23, v1, s[8:11], 0 offen offset:3
+\ts_nop 0
+\tglobal_load_dword v24, v7, s[2:3] offset:8192
+\ts_nop 0
+\ts_or_b64 exec, exec, s[20:21]
+\ts_waitcnt vmcnt(0)
+""" + "".join(f"\tglobal_store_dword v29, v{reg}, s[2:3] offset:{2048 * slot}\n"
+              for slot, reg in enumerate((10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 21, 22, 23, 24)))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_vector_loads_match_wave_by_wave(arch):
+    """Global loads (64-bit address, SGPR base, an SGPR base that differs per wave),
+    a load seeing the wave's own unperformed store (no wave reads another's), buffer
+    loads with lanes wholly and partly out of range and a per-wave num_records,
+    sub-dword loads and one of the wave's own store under per-wave exec masks (one
+    wave's empty): batched, they leave the bytes and counters of wave by wave, and
+    those of an independent model."""
+    from k2back.emu.testing import handwritten
+
+    g = rng(41)
+    image = g.integers(0, 2**32, 4096, dtype=np.uint64).astype(np.uint32)
+    results, all_stats = [], []
+    for batched in (True, False):
+        out = np.zeros(4096 + 512 * 16, np.uint32)
+        out[:4096] = image
+        machine = Machine(arch, trace=None if batched else (lambda w, ins: None))
+        kernargs = machine.map(out).to_bytes(8, "little")
+        stats = machine.launch(handwritten(arch, WAVE_LOADS), "hand", block=(512,), kernargs=kernargs)
+        assert (stats.batched > 0) == batched
+        results.append(out[4096:].reshape(16, 512))
+        all_stats.append(stats)
+    np.testing.assert_array_equal(results[0], results[1])
+    keys = ("instructions", "bytes_read", "bytes_written", "cache_policy", "stale_bytes", "written_back")
+    counted = [{k: getattr(s, k) for k in keys} for s in all_stats]
+    assert counted[0] == counted[1]
+    t = np.arange(512)
+    wave, lane = t // 64, t % 64
+    words = image.view(np.uint8)
+
+    def dword(byte, records=None):
+        value = words[byte:byte + 4].view(np.uint32)[0] if byte + 4 <= 4 * 4096 else 0
+        return value if records is None or byte + 4 <= records else 0
+
+    got = results[0]
+    np.testing.assert_array_equal(got[0], image[t + 3])
+    np.testing.assert_array_equal(got[1], image[t + 1])
+    np.testing.assert_array_equal(got[2], image[t + 16 * wave])
+    # lane l of wave k reads word 2048 + 68k + l, its wave stored words 2048 + 68k + 2.. + 65
+    np.testing.assert_array_equal(got[3], np.where(lane >= 2, 0x5eed, image[2048 + 68 * wave + lane]))
+    np.testing.assert_array_equal(got[4], [dword(136 * i + 8, 0x1fc8) for i in t])
+    np.testing.assert_array_equal(got[5], [dword(136 * i + 12, 0x1fc8) for i in t])
+    for j in range(4):
+        np.testing.assert_array_equal(got[6 + j], [dword(20 * i + 60 + 4 * j, 0x1fc8) for i in t])
+    np.testing.assert_array_equal(got[10], [dword(20 * i, 0x1f00 + i // 64) for i in t])
+    active = lane < 7 * wave
+    np.testing.assert_array_equal(got[11], np.where(active, image[t] >> 16, 0))
+    np.testing.assert_array_equal(got[12], np.where(active, image[t] >> 24, 0))
+    np.testing.assert_array_equal(got[13], np.where(active, got[3], 0))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_batched_load_out_of_range_names_its_wave(arch):
+    from k2back.emu.testing import run_handwritten
+
+    body = r"""
+	s_load_dwordx2 s[2:3], s[0:1], 0x0
+	v_lshrrev_b32_e32 v30, 6, v0
+	v_lshlrev_b32_e32 v1, 20, v30
+	s_waitcnt lgkmcnt(0)
+	global_load_dword v10, v1, s[2:3]
+	s_waitcnt vmcnt(0)"""
+    with pytest.raises(MemoryFault, match=r"by workgroup 0 wave 1, line \d+: global_load_dword"):
+        run_handwritten(arch, body, np.zeros(64, np.uint32), block=(256,))

@@ -252,3 +252,61 @@ def test_batched_mfma_matches_wave_by_wave(arch, accumulate):
         assert (stats.instructions["mfma"] == 2 * 8 * 4 * 3) and (stats.batched > 0) == batched
         outs.append(out.view(np.uint32))
     assert np.array_equal(*outs), np.flatnonzero(outs[0] != outs[1])[:8]
+
+
+def edge_floats(g, shape) -> np.ndarray:
+    """f32 values with the edges mixed in: NaN, +-inf, -0, denormals, the largest finite."""
+    values = g.standard_normal(shape).astype(np.float32) * np.float32(2.0) ** g.integers(-20, 20, shape)
+    edges = np.array([np.nan, np.inf, -np.inf, -0.0, 1e-45, -3e-39, 3.4e38], np.float32)
+    pick = g.random(shape) < 0.1
+    values[pick] = g.choice(edges, int(pick.sum()))
+    return values
+
+
+def edge_scales(g, shape) -> np.ndarray:
+    """uint32 scale registers whose E8M0 bytes include 0 (2^-127), 254 and 0xFF (NaN)."""
+    raw = g.integers(0, 2**32, shape, dtype=np.uint64).astype(np.uint32).view(np.uint8)
+    pick = g.random(raw.shape) < 0.2
+    raw[pick] = g.choice(np.array([0, 1, 126, 127, 128, 254, 255], np.uint8), int(pick.sum()))
+    return raw.view(np.uint32)
+
+
+@pytest.mark.parametrize("accumulate", ["exact", "sequential", "blocked"])
+def test_scaled_mfma_on_registers_is_the_lane_major_form(accumulate):
+    """The gfx950 scaled f8f6f4 MFMA on register-major operands, one wave or a batch of
+    waves (MfmaForm.on_registers, what the emulator runs for 8-bit formats), against
+    the form on lane-major operands wave by wave, bit for bit: random codes (NaN and
+    inf ones included), E8M0 scales with 0, 254 and NaN bytes, C with NaN, inf, -0,
+    denormals."""
+    from k2back.emu.mfma import mfma_form
+
+    g = rng(31)
+    waves = 3
+    for mnemonic in ("v_mfma_scale_f32_16x16x128_f8f6f4", "v_mfma_scale_f32_32x32x64_f8f6f4"):
+        form = mfma_form("gfx950", mnemonic)
+        for cbsz, blgp in ((0, 0), (1, 0), (0, 1), (1, 1)):
+            for a_byte, b_byte in ((0, 0), (1, 3), (2, 2)):
+                a = g.integers(0, 2**32, (waves, 8, LANES), dtype=np.uint64).astype(np.uint32)
+                b = g.integers(0, 2**32, (waves, 8, LANES), dtype=np.uint64).astype(np.uint32)
+                c = edge_floats(g, (waves, form.c_regs, LANES))
+                if accumulate != "exact":  # the other models are not made for NaN/inf operands
+                    a &= np.uint32(0x3F3F3F3F)
+                    b &= np.uint32(0x3F3F3F3F)
+                    c[~np.isfinite(c)] = 1.0
+                sa, sb = edge_scales(g, (waves, LANES)), edge_scales(g, (waves, LANES))
+                if accumulate != "exact":
+                    sa = sa & np.uint32(0x7F7F7F7F)
+                    sb = sb & np.uint32(0x7F7F7F7F)
+                with np.errstate(all="ignore"):
+                    got = form.on_registers(a.reshape(waves, -1), b.reshape(waves, -1), c.reshape(waves, -1),
+                                            accumulate, cbsz=cbsz, blgp=blgp, scales=(sa, a_byte, sb, b_byte))
+                    for w in range(waves):
+                        want = form(a[w].T, b[w].T, c[w].T, cbsz=cbsz, blgp=blgp, scale_a=sa[w],
+                                    scale_b=sb[w], scale_a_byte=a_byte, scale_b_byte=b_byte,
+                                    accumulate=accumulate)
+                        one = form.on_registers(a[w].reshape(-1), b[w].reshape(-1), c[w].reshape(-1),
+                                                accumulate, cbsz=cbsz, blgp=blgp,
+                                                scales=(sa[w], a_byte, sb[w], b_byte))
+                        want_bits = want.T.reshape(-1).view(np.uint32)
+                        assert np.array_equal(got[w].view(np.uint32), want_bits), (mnemonic, cbsz, blgp, w)
+                        assert np.array_equal(one.view(np.uint32), want_bits), (mnemonic, cbsz, blgp, w)

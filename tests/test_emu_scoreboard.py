@@ -108,3 +108,17 @@ def test_writing_a_register_a_load_still_writes(arch, case, ok):
         return
     with pytest.raises(ScoreboardError, match=r"v2 .*overwrites v2, which line \d+: global_load_dword v2"):
         run(arch, body, lds_bytes=256)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("waves", [1, 2, 8])
+def test_a_batched_lds_read_is_on_the_scoreboard(arch, waves):
+    """The waves of a workgroup run a ds_read once (state.Batch): the next batched
+    instruction reading its destination before the lgkmcnt is still an error."""
+    body = """
+\tv_lshlrev_b32_e32 v1, 2, v0
+\tds_read_b32 v2, v1
+\tv_add_u32_e32 v3, v2, v2
+\ts_waitcnt lgkmcnt(0)"""
+    with pytest.raises(ScoreboardError, match=r"v2 .*ds_read_b32 v2, v1.*lgkmcnt\(0\)"):
+        run_handwritten(arch, body, np.zeros(64, np.uint32), lds_bytes=4 * 64 * waves, block=(64 * waves,))

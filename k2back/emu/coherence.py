@@ -88,6 +88,18 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return np.flatnonzero(np.bincount(values - low)) + low
 
 
+def among(values: np.ndarray, others: np.ndarray) -> np.ndarray:
+    """np.isin of int64 values, by a table when they lie close together."""
+    low = int(values.min())
+    span = int(values.max()) - low + 1
+    if span > 4 * (values.size + others.size) + 4096:
+        return np.isin(values, others)
+    table = np.zeros(span, bool)
+    others = others - low
+    table[others[(others >= 0) & (others < span)]] = True
+    return table[values - low]
+
+
 def lines_of(addresses: np.ndarray, size: int) -> np.ndarray:
     """The distinct line numbers an access of `size` bytes at each address touches."""
     starts = addresses.astype(np.int64)
@@ -106,20 +118,31 @@ def lines_list(addresses: np.ndarray, size: int) -> list[int]:
     return list(set(first.tolist()))
 
 
+def _line_bits(offsets: np.ndarray) -> int:
+    """The lines of a page that byte `offsets` in it fall in, as the bits of an int."""
+    return int(np.bitwise_or.reduce(np.uint32(1) << (offsets >> LINE_BITS).astype(np.uint32)))
+
+
 def line_bytes(line: int) -> np.ndarray:
     return (line << LINE_BITS) + np.arange(LINE, dtype=np.int64)
 
 
 class Overlay:
-    """Bytes held at device addresses, sparse in pages: a cache's copies."""
+    """Bytes held at device addresses, sparse in pages: a cache's copies.
 
-    __slots__ = ("pages",)
+    Puts of bytes only where none are held (`put_later`, an L2 keeping memory's
+    old bytes) wait per page until something reads, drops or takes that page:
+    every other L2 receives each write-back, but most drop it unread at their
+    next invalidation."""
+
+    __slots__ = ("later", "pages")
 
     def __init__(self):
         self.pages = {}  # page number -> (data uint8 [PAGE], present bool [PAGE])
+        self.later = {}  # page number -> [lines they fill (bits), [(offsets, values)]]: missing-only puts
 
     def __bool__(self) -> bool:
-        return bool(self.pages)
+        return bool(self.pages) or bool(self.later)
 
     @staticmethod
     def _by_page(flat: np.ndarray):
@@ -142,9 +165,22 @@ class Overlay:
             groups.append((int(pages[where[0]]), where, flat[where] & (PAGE - 1)))
         return groups
 
+    def _page(self, page: int):
+        """The (data, present) of `page` with its waiting puts done, or None."""
+        waiting = self.later.pop(page, None) if self.later else None
+        if waiting is not None:
+            for offsets, values in waiting[1]:
+                self._put_page(page, offsets, values, missing_only=True)
+        return self.pages.get(page)
+
+    def _settle(self) -> None:
+        """Every waiting put done."""
+        for page in list(self.later):
+            self._page(page)
+
     def _line(self, line: int):
         """(data, present, the line's slice of them) of a line's page, or None."""
-        entry = self.pages.get(line >> (PAGE_BITS - LINE_BITS))
+        entry = self._page(line >> (PAGE_BITS - LINE_BITS))
         if entry is None:
             return None
         start = (line << LINE_BITS) & (PAGE - 1)
@@ -171,17 +207,18 @@ class Overlay:
             del self.pages[line >> (PAGE_BITS - LINE_BITS)]
         return taken
 
-    def has_page(self, flat: np.ndarray) -> bool:
-        """Whether it holds anything in the page of flat's first byte (a quick test)."""
-        return int(flat[0]) >> PAGE_BITS in self.pages
+    def has_page(self, line: int) -> bool:
+        """Whether it holds anything in the page of `line` (a quick test)."""
+        page = line >> (PAGE_BITS - LINE_BITS)
+        return page in self.pages or page in self.later
 
     def apply(self, flat: np.ndarray, values: np.ndarray) -> int:
         """Overwrite `values` where this overlay holds the byte; returns how many."""
-        if not self.pages:
+        if not self:
             return 0
         count = 0
         for page, where, offsets in self._by_page(flat):
-            entry = self.pages.get(page)
+            entry = self._page(page)
             if entry is None:
                 continue
             data, present = entry
@@ -196,42 +233,65 @@ class Overlay:
                 count += positions.size
         return count
 
-    def put(self, flat: np.ndarray, values: np.ndarray, missing_only: bool = False, pages=None) -> None:
-        """Hold `values` at `flat` (with missing_only: only where nothing is held yet);
-        `pages`: flat's _by_page, when the caller puts the same bytes in several overlays."""
-        for page, where, offsets in pages or self._by_page(flat):
-            entry = self.pages.get(page)
-            chosen = values if where is None else values[where]
-            if entry is None:  # a new page: every byte is missing
-                entry = self.pages[page] = (np.zeros(PAGE, np.uint8), np.zeros(PAGE, bool))
-            elif missing_only:
-                held = entry[1][offsets]
-                if held.all():
-                    continue
-                if held.any():
-                    new = ~held
-                    entry[0][offsets[new]] = chosen[new]
-                    entry[1][offsets] = True
-                    continue
-            data, present = entry
-            data[offsets] = chosen
-            present[offsets] = True
+    def put(self, flat: np.ndarray, values: np.ndarray, missing_only: bool = False) -> None:
+        """Hold `values` at `flat` (with missing_only: only where nothing is held yet)."""
+        for page, where, offsets in self._by_page(flat):
+            if missing_only and self.later:  # after the waiting ones (a plain put wins anyway)
+                self._page(page)
+            self._put_page(page, offsets, values if where is None else values[where], missing_only)
+
+    @classmethod
+    def by_page(cls, flat: np.ndarray, values: np.ndarray) -> list:
+        """A put's bytes as put_later takes them: [(page, offsets, values, the lines of
+        the page they fall in as bits)]."""
+        return [(page, offsets, values if where is None else values[where], _line_bits(offsets))
+                for page, where, offsets in cls._by_page(flat)]
+
+    def put_later(self, by_page) -> None:
+        """put(..., missing_only=True) of `by_page` (Overlay.by_page: several overlays
+        may share it, it is never written to), done when something next looks at the page."""
+        for page, offsets, values, lines in by_page:
+            waiting = self.later.get(page)
+            if waiting is None:
+                self.later[page] = [lines, [(offsets, values)]]
+            else:
+                waiting[0] |= lines
+                waiting[1].append((offsets, values))
+
+    def _put_page(self, page: int, offsets: np.ndarray, values: np.ndarray, missing_only: bool) -> None:
+        entry = self.pages.get(page)
+        if entry is None:  # a new page: every byte is missing
+            entry = self.pages[page] = (np.zeros(PAGE, np.uint8), np.zeros(PAGE, bool))
+        elif missing_only:
+            held = entry[1][offsets]
+            if held.all():
+                return
+            if held.any():
+                new = ~held
+                entry[0][offsets[new]] = values[new]
+                entry[1][offsets] = True
+                return
+        data, present = entry
+        data[offsets] = values
+        present[offsets] = True
 
     def drop(self, flat: np.ndarray) -> None:
-        if not self.pages:
+        if not self:
             return
         for page, _, offsets in self._by_page(flat):
-            entry = self.pages.get(page)
+            entry = self._page(page)
             if entry is not None:
                 entry[1][offsets] = False
 
     def take(self, flat: np.ndarray | None = None):
         """(addresses, values) of the held bytes (all, or those among `flat`), in
         address order, no longer held; None when there are none."""
+        if flat is None:
+            self._settle()
         addresses, values = [], []
         for page, _, offsets in (self._by_page(flat) if flat is not None else
                                  [(page, None, None) for page in sorted(self.pages)]):
-            entry = self.pages.get(page)
+            entry = self._page(page)
             if entry is None:
                 continue
             data, present = entry
@@ -250,8 +310,13 @@ class Overlay:
         """Line numbers in which this overlay holds a byte."""
         found = [(page << (PAGE_BITS - LINE_BITS)) + np.flatnonzero(present.reshape(-1, LINE).any(1))
                  for page, (_, present) in self.pages.items()]
-        return np.concatenate(found) if found else np.zeros(0, np.int64)
-
+        if self.later:  # each byte of a waiting put will be held
+            pages = np.array(list(self.later), np.int64)
+            bits = np.array([lines for lines, _ in self.later.values()], "<u4").view(np.uint8)
+            held = np.unpackbits(bits.reshape(-1, 4), axis=1, bitorder="little").view(bool)
+            rows, columns = np.nonzero(held)
+            found.append((pages[rows] << (PAGE_BITS - LINE_BITS)) + columns)
+        return distinct(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
 
 class PrivateCache:
@@ -481,15 +546,16 @@ class StrictMemory(IdealMemory):
     def _memory_changes(self, flat, source: L2) -> None:
         """Memory's bytes at `flat` are about to change: every other L2 keeps them as
         it saw them (its view does not move until it is invalidated)."""
-        old, pages = self.memory.peek(flat), Overlay._by_page(flat)
+        waiting = Overlay.by_page(flat, self.memory.peek(flat))
         for l2 in self.l2s:
             if l2 is not source:
-                l2.stale.put(flat, old, missing_only=True, pages=pages)
+                l2.stale.put_later(waiting)
 
     def _save_lines(self, l2: L2, lines, keep) -> None:
         """`l2`'s view of `lines` is about to change: the CU caches holding them (but
         `keep`, whose copy follows the change) keep the lines as they were."""
-        lines = np.asarray(lines).tolist()
+        if not isinstance(lines, list):
+            lines = lines.tolist()
         if not lines:
             return
         savers = {}  # line -> the caches that keep it (the order is immaterial: nothing
@@ -589,7 +655,7 @@ class StrictMemory(IdealMemory):
     def _refresh(self, line: int, w) -> None:
         """w's caches drop their copies of `line`: its next read sees memory."""
         cu = w.group.cu
-        if cu.l2.stale.has_page(line_bytes(line)):
+        if cu.l2.stale.has_page(line):
             self._save_lines(cu.l2, [line], keep=cu.l1)
             cu.l2.stale.drop_line(line)
         cu.l1.drop(line)

@@ -45,7 +45,7 @@ import itertools
 
 import numpy as np
 
-from .coherence import byte_addresses
+from .coherence import among, byte_addresses
 from .errors import ScoreboardError, UnsupportedInstruction
 from .operands import parse
 
@@ -192,7 +192,7 @@ def _perform(w, op, mem, newer) -> bool:
     low, high = flat.min(), flat.max()
     newer = [other for other in newer if other.max() >= low and other.min() <= high]
     if newer:  # bytes a newer store of the batch wrote stay the newer store's
-        keep = ~np.isin(flat, np.concatenate(newer))
+        keep = ~among(flat, np.concatenate(newer))
         flat, values = flat[keep], values[keep]
     return bool(flat.size) and mem.store(w.group.cu, flat, values)
 

@@ -136,9 +136,14 @@ class DecodeContext:
     def progress(self) -> None:
         self.machine._progress = True
 
-    def load(self, w, addresses, size: int, who, through_l1: bool):
+    def load(self, w, addresses, size: int, who, through_l1: bool, owners=None):
         """uint8 [lanes, size] a vector load reads: memory as the wave's caches show
-        it, and the wave's own stores still in flight."""
+        it, and the wave's own stores still in flight. For a Batch of one
+        workgroup's waves, `owners` is each address's wave (position, ascending):
+        one access when the addresses lie in one buffer, each wave's own
+        bookkeeping as though it loaded alone, in wave order."""
+        if owners is not None:
+            return self._load_over_waves(w, addresses, owners, size, who, through_l1)
         mem = self.mem
         if w.polled_lines:
             mem.unpoll(w)
@@ -146,6 +151,23 @@ class DecodeContext:
         data = mem.load(w, addresses, size, who, through_l1)
         if w.unperformed:
             inflight.forward(w, addresses, size, data)
+        return data
+
+    def _load_over_waves(self, batch, addresses, owners, size, who, through_l1):
+        bounds = np.searchsorted(owners, np.arange(len(batch.waves) + 1)).tolist()
+        spans = [(v, slice(a, b)) for v, a, b in zip(batch.waves, bounds, bounds[1:]) if a < b]
+        region = self.memory.region_at(int(addresses.min()))
+        if region is None or int(addresses.max()) + size > region.end:  # several buffers: wave by wave
+            return np.concatenate([self.load(v, addresses[s], size, who, through_l1) for v, s in spans])
+        mem = self.mem
+        for v, s in spans:
+            if v.polled_lines:
+                mem.unpoll(v)
+            v.last_load = (addresses[s], size)
+        data = mem.load(batch, addresses, size, who, through_l1)
+        for v, s in spans:
+            if v.unperformed:
+                inflight.forward(v, addresses[s], size, data[s])
         return data
 
     def store(self, w, ins, addresses, data, who) -> None:
@@ -260,8 +282,9 @@ class Machine:
                 if timer is not None:  # timing mode: waves one at a time, in modeled time order
                     timer.schedule(groups, code, kernel, stats, scoreboard)
                 else:
-                    lds = [cls == "lds" for cls in classes]  # a batch of one workgroup (its LDS)
-                    self._schedule(groups, registers, code, (batchable, stops, jumps, lds), kernel, stats,
+                    # batches of one workgroup: its LDS, its CU's caches
+                    by_group = [cls in ("lds", "vmem_load") for cls in classes]
+                    self._schedule(groups, registers, code, (batchable, stops, jumps, by_group), kernel, stats,
                                    scoreboard)
             mem.end()
         finally:
@@ -448,10 +471,10 @@ class Machine:
         performed stores).
         A batched step leaves the waves' `pc` behind (no batchable closure reads
         it) until an unbatched step or the end of the cohort."""
-        batchable, _, jumps, lds = steps
-        touches = scoreboard.touches
+        batchable, _, jumps, by_group = steps
+        touches, effects = scoreboard.touches, scoreboard.effects
         count = len(at)
-        runs = lds_runs = None  # its batches, made at its first batchable (LDS) instruction
+        runs = group_runs = None  # its batches (of one workgroup each), made at first need
         limit = min(budget[w] for w in at)  # steps before the first wave's quantum ends
         pending = _pending(at)
         stopped, performed, taken, batched, batches = {}, set(), 0, 0, 0
@@ -465,16 +488,18 @@ class Machine:
                             scoreboard.check(w, pc)
                 taken += 1
                 if count > 1 and batchable[pc]:
-                    if lds[pc]:
-                        lds_runs = lds_runs or _contiguous(grid, at, by_group=True)
-                        self._run_batched(lds_runs, code[pc], kernel, pc)
-                        batches += len(lds_runs)
+                    if by_group[pc]:
+                        group_runs = group_runs or _contiguous(grid, at, by_group=True)
+                        self._run_batched(group_runs, code[pc], kernel, pc)
+                        batches += len(group_runs)
                     else:
                         runs = runs or _contiguous(grid, at)
                         self._run_batched(runs, code[pc], kernel, pc)
                         batches += len(runs)
                     hits[pc] += count
                     batched += count
+                    if effects[pc][2]:  # a load (LDS): its destinations are pending now
+                        pending = _pending(at)
                     pc += 1
                     if taken == limit or pc >= others:
                         break

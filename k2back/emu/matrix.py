@@ -58,8 +58,12 @@ def decode_mfma(ins, ctx):
                  "scale_b_byte": op_sel[1] + 2 * op_sel_hi[1]}
     na, nb, nc = counts[0], counts[1], form.c_regs
     extra["accumulate"] = ctx.machine.numerics.mfma_accumulate
-    if not any(mods.values()) and form.on_registers_ok():
-        return _on_registers(ins, form, (a_row, na), (b_row, nb), (d_row, nc), c, extra["accumulate"], ctx)
+    if not mods["abid"] and form.on_registers_ok(mods["cbsz"], mods["blgp"]):
+        scales = None
+        if form.scaled:
+            scales = read_scale_a, extra["scale_a_byte"], read_scale_b, extra["scale_b_byte"]
+        return _on_registers(ins, form, (a_row, na), (b_row, nb), (d_row, nc), c, extra["accumulate"],
+                             ctx, mods, scales)
 
     def run(w):
         if not w.full:
@@ -102,17 +106,24 @@ def _accumulator(ctx, op, count, ins):
     return lambda w: _lane_major(w.r[row:row + count]).view(np.float32)
 
 
-def _on_registers(ins, form, a, b, d, c, accumulate, ctx):
-    """The run of an unscaled 8- or 16-bit form: operands read and the result written
-    register-major (mfma.MfmaForm.on_registers), no lane-major copies."""
+def _on_registers(ins, form, a, b, d, c, accumulate, ctx, mods, scales):
+    """The run of a form with 8- or 16-bit elements: operands read and the result
+    written register-major (mfma.MfmaForm.on_registers), no lane-major copies;
+    `scales`: (read scale A, its byte, read scale B, its byte) of a scaled form."""
     where = ins.where()
     (a_row, na), (b_row, nb), (d_row, nc) = a, b, d
     read_c = _accumulator_rows(ctx, c, nc, ins)
+    formats = {"cbsz": mods["cbsz"], "blgp": mods["blgp"]}
 
     def run(w):
         if not w.full:
             raise UnsupportedInstruction(f"{ins.mnemonic} under a partial exec mask ({where}, {w.name})")
-        result = form.on_registers(_rows(w, a_row, na), _rows(w, b_row, nb), read_c(w), accumulate)
+        chosen = None
+        if scales is not None:
+            read_a, a_byte, read_b, b_byte = scales
+            chosen = read_a(w), a_byte, read_b(w), b_byte
+        result = form.on_registers(_rows(w, a_row, na), _rows(w, b_row, nb), read_c(w), accumulate,
+                                   **formats, scales=chosen)
         r = w.r
         if result.ndim == 1:
             r[d_row:d_row + nc] = result.view(U32).reshape(nc, 64)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import inflight
-from .errors import MemoryFault, UnsupportedInstruction
+from .errors import EmulatorError, MemoryFault, UnsupportedInstruction
 from .memory import ATOMICS, apply_atomic
 from .state import LANES
 
@@ -110,6 +110,54 @@ def vmem(counter, access, ins, dst: int = 0):
     return run
 
 
+def vmem_load(counter, access, ins, dst: int):
+    """A vector load (vmem): a Batch of one workgroup's waves (state.Batch) runs
+    `access` once over their active lanes, each wave counted and issued as
+    though it ran alone, in wave order. Wave by wave when the waves disagree on
+    an SGPR operand (_PerWave) or an access faults (the error names the wave)."""
+    alone = vmem(counter, access, ins, dst)
+
+    def run(w):
+        waves = w.waves
+        if waves is None:
+            return alone(w)
+        if any(v.group is not w.group for v in waves):  # several workgroups: several CUs
+            for v in waves:
+                alone(v)
+            return
+        try:
+            live = sum(1 for v in waves if v.exec)
+            if live:
+                access(w)
+        except (_PerWave, EmulatorError):
+            for v in waves:
+                alone(v)
+            return
+        counter[0] += live
+        for v in waves:
+            inflight.issue_vm(v, ins, dst if v.exec else 0)
+    run.batchable = True
+    return run
+
+
+class _PerWave(Exception):
+    """A Batch's waves disagree on a scalar operand: run the instruction wave by wave."""
+
+
+def agreed(value):
+    """An SGPR value read from a wave or a Batch: the int the waves agree on, else _PerWave."""
+    if type(value) is not int:
+        raise _PerWave
+    return value
+
+
+def owners(w):
+    """The wave (position in a Batch) of each active lane, wave-major; None for a wave."""
+    if w.waves is None:
+        return None
+    return np.repeat(np.arange(len(w.waves)), LANES) if w.full else np.nonzero(w.mask)[0]
+
+
 def vmem_store(counter, access, ins):
     """A store: `access(w)` issues it (with exec 0 it still counts in vmcnt)."""
     def run(w):
@@ -166,8 +214,8 @@ def decode_global(ins, ctx):
 
     if op == "load":
         def load(w):
-            load_lanes(w, row, ctx.load(w, address(w), size, who(w, ins), through_l1), kind)
-        return vmem(counter, load, ins, row_bits(row, registers(size)))
+            load_lanes(w, row, ctx.load(w, address(w), size, who(w, ins), through_l1, owners(w)), kind)
+        return vmem_load(counter, load, ins, row_bits(row, registers(size)))
 
     def store(w):
         ctx.store(w, ins, address(w), store_bytes(w, row, size, kind), who(w, ins))
@@ -188,8 +236,8 @@ def _global_address(ins, ctx, segment, operands, offset):
         row = ctx.vector_row(vaddr, 2, ins)
 
         def address64(w):
-            lanes = w.r[row] if w.full else w.r[row, w.mask]
-            high = w.r[row + 1] if w.full else w.r[row + 1, w.mask]
+            lanes = active(w, w.r[row])
+            high = active(w, w.r[row + 1])
             return (lanes.astype(U64) | (high.astype(U64) << U64(32))) + U64(offset & (2**64 - 1))
         return address64
     base = ctx.scalar_reader(saddr, 64, ins)
@@ -197,7 +245,7 @@ def _global_address(ins, ctx, segment, operands, offset):
 
     def address_sbase(w):
         lanes = w.r[row] if w.full else w.r[row, w.mask]
-        return lanes.astype(U64) + U64((base(w) + offset) & (2**64 - 1))
+        return lanes.reshape(-1).astype(U64) + U64((agreed(base(w)) + offset) & (2**64 - 1))
     return address_sbase
 
 
@@ -267,10 +315,10 @@ def decode_buffer(ins, ctx):
     def locate(w, element: int, count: int):
         """Lane start addresses [lanes] and None when every element is in range, else
         (addresses [lanes, count], in-range [lanes, count]) of each element."""
-        base = w.s[s0] | ((w.s[s0 + 1] & 0xFFFF) << 32)
-        stride = (w.s[s0 + 1] >> 16) & 0x3FFF
-        records = w.s[s0 + 2]
-        sgpr_offset = soffset(w)
+        word0, word1, records = (agreed(w.s[s0 + i]) for i in range(3))
+        base = word0 | ((word1 & 0xFFFF) << 32)
+        stride = (word1 >> 16) & 0x3FFF
+        sgpr_offset = agreed(soffset(w))
         start = base + sgpr_offset + inst_offset
         voffset = active(w, w.r[vrow + int(idxen)]).astype(np.int64) if offen else None
         if idxen:
@@ -278,7 +326,7 @@ def decode_buffer(ins, ctx):
             starts = index * stride + (voffset if offen else 0)
             lane_ok = index < records
         else:
-            starts = voffset if offen else np.zeros(64 if w.full else np.count_nonzero(w.mask), np.int64)
+            starts = voffset if offen else np.zeros(w.mask.size if w.full else np.count_nonzero(w.mask), np.int64)
             lane_ok = None
         end = None if idxen else starts.max() + inst_offset + element * count
         if sgpr_offset and end is not None and end + sgpr_offset > records:
@@ -305,14 +353,22 @@ def decode_buffer(ins, ctx):
     if op == "load":
         def load(w):
             addresses, in_range = locate(w, element, count)
+            lanes = owners(w)
             if in_range is None:
-                load_lanes(w, row, ctx.load(w, addresses, size, who(w, ins), through_l1), kind)
+                load_lanes(w, row, ctx.load(w, addresses, size, who(w, ins), through_l1, lanes), kind)
                 return
-            data = np.zeros(addresses.shape + (element,), np.uint8)
-            if in_range.any():
-                data[in_range] = ctx.load(w, addresses[in_range], element, who(w, ins), through_l1)
-            load_lanes(w, row, data.reshape(addresses.shape[0], size), kind)
-        return vmem(counter, load, ins, row_bits(row, registers(size)))
+            data = np.zeros((addresses.shape[0], size), np.uint8)
+            whole = in_range.all(1)
+            if (whole == in_range.any(1)).all():  # each lane all in range or all out: whole lanes
+                if whole.any():  # (the same bytes, and lines, as element by element)
+                    data[whole] = ctx.load(w, addresses[whole, 0], size, who(w, ins), through_l1,
+                                           None if lanes is None else lanes[whole])
+            elif in_range.any():
+                data.reshape(addresses.shape + (element,))[in_range] = ctx.load(
+                    w, addresses[in_range], element, who(w, ins), through_l1,
+                    None if lanes is None else np.broadcast_to(lanes[:, None], in_range.shape)[in_range])
+            load_lanes(w, row, data, kind)
+        return vmem_load(counter, load, ins, row_bits(row, registers(size)))
 
     def store(w):
         addresses, in_range = locate(w, element, count)

@@ -284,34 +284,51 @@ class MfmaForm:
                  max(a_place.element.bits, b_place.element.bits) <= 8)
         return d.reshape(*waves, -1)[..., to_lanes]
 
-    @functools.cached_property
-    def _register_plan(self):
+    @functools.cache  # noqa: B019 - forms are module-level constants
+    def _register_plan(self, cbsz: int = 0, blgp: int = 0):
         """What on_registers needs (None: the form is not one it takes): per operand
-        (element, code dtype, gather), then C/D's maps and the min exponents."""
+        (element, code dtype, gather), then C/D's maps, the min exponents and the
+        [m, k] lane of each element's scale (scaled forms)."""
         try:
-            places = self._placement("a", 0), self._placement("b", 0)
+            places = self._placement("a", cbsz), self._placement("b", blgp)
         except ValueError:
             return None
-        if self.scaled or any(p.register_gather is None for p in places):
+        if any(p.register_gather is None for p in places):
             return None
         operands = tuple((_float64_values(p.element), np.dtype(f"<u{p.element.bits // 8}"), p.register_gather)
                          for p in places)
         eight_bit = max(p.element.bits for p in places) <= 8
+        i, kk = np.indices((self.m, self.k))
+        scale_lanes = kk // (self.k // self.groups) * self.m + i  # _block_scales as one gather
         return operands, _accumulator_registers(self.m), places[0].element.min_exponent, \
-            places[1].element.min_exponent, eight_bit
+            places[1].element.min_exponent, eight_bit, scale_lanes
 
-    def on_registers_ok(self) -> bool:
-        """Whether on_registers takes this form (unscaled, 8- or 16-bit elements at cbsz/blgp 0)."""
-        return self._register_plan is not None
+    def on_registers_ok(self, cbsz: int = 0, blgp: int = 0) -> bool:
+        """Whether on_registers takes this form at these element formats (8- or 16-bit elements)."""
+        return self._register_plan(cbsz, blgp) is not None
 
-    def on_registers(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, accumulate: str = "exact") -> np.ndarray:
-        """`self(a, b, c)` of an unscaled form with 8- or 16-bit elements, on
-        register-major operands: a, b uint32 [regs * 64] of one wave or [waves,
-        regs * 64] of several, c f32 [c_regs * 64] or [waves, c_regs * 64];
-        returns d f32 like a (register r of lane ℓ at r * 64 + ℓ)."""
-        operands, (to_matrix, to_registers), a_min, b_min, eight_bit = self._register_plan
+    def on_registers(self, a: np.ndarray, b: np.ndarray, c: np.ndarray, accumulate: str = "exact", *,
+                     cbsz: int = 0, blgp: int = 0, scales=None) -> np.ndarray:
+        """`self(a, b, c)` of a form with 8- or 16-bit elements, on register-major
+        operands: a, b uint32 [regs * 64] of one wave or [waves, regs * 64] of
+        several, c f32 [c_regs * 64] or [waves, c_regs * 64]; `scales` (scaled
+        forms): (scale_a, scale_a_byte, scale_b, scale_b_byte), a scale uint32
+        [64] or [waves, 64]; returns d f32 like a (register r of lane ℓ at r * 64 + ℓ)."""
+        operands, (to_matrix, to_registers), a_min, b_min, eight_bit, scale_lanes = \
+            self._register_plan(cbsz, blgp)
         a_matrix, b_matrix = (values[codes.view(dtype)[..., gather]]
                               for (values, dtype, gather), codes in zip(operands, (a, b)))
+        if self.scaled:
+            if scales is None:
+                raise ValueError(f"{self.mnemonic}: expected scale operands, got None")
+            scale_a, a_byte, scale_b, b_byte = scales
+            a_scales = _e8m0_factor(scale_a, a_byte)[..., scale_lanes]
+            b_scales = _e8m0_factor(scale_b, b_byte)[..., scale_lanes]
+            a_matrix, b_matrix = a_matrix * a_scales, b_matrix * b_scales
+            if accumulate != "exact":  # (the exact sum needs no exponents)
+                a_min, b_min = a_min + _exponent_of(a_scales), b_min + _exponent_of(b_scales)
+        elif scales is not None:
+            raise ValueError(f"{self.mnemonic}: takes no scale operands")
         c_matrix = c[..., to_matrix]
         if a.ndim > 1 and accumulate != "exact":
             c_matrix = np.broadcast_to(c_matrix, (a.shape[0], self.m, self.m))
@@ -330,8 +347,11 @@ def _float64_values(element: Element) -> np.ndarray:
 def _sum(accumulate, a_matrix, b_matrix, c_matrix, a_min, b_min, eight_bit):
     """accumulate_products over a leading axis of waves when there is one."""
     if a_matrix.ndim > 2 and accumulate != "exact":  # the other models take one wave at a time
+        def each(i, exponent):  # a scaled form's min exponents are per wave
+            return exponent[i] if np.ndim(exponent) == a_matrix.ndim else exponent
         return np.stack([accumulate_products(accumulate, a_matrix[i], b_matrix[i], c_matrix[i],
-                                             a_min, b_min, eight_bit) for i in range(a_matrix.shape[0])])
+                                             each(i, a_min), each(i, b_min), eight_bit)
+                         for i in range(a_matrix.shape[0])])
     return accumulate_products(accumulate, a_matrix, b_matrix, c_matrix, a_min, b_min, eight_bit)
 
 

@@ -211,7 +211,7 @@ def _vector_value(op: Operand, dtype: np.dtype, where: str, high: bool):
         return lambda w: w.r[i].view(dtype)
     if size == 2:
         half = 1 if high else 0
-        return lambda w: w.r[i].view(np.uint16)[half::2].view(dtype)
+        return lambda w: w.r[i].view(np.uint16)[..., half::2].view(dtype)  # [64] or [waves, 64]
     if size == 8:
         return lambda w: (w.r[i].astype(np.uint64) | (w.r[i + 1].astype(np.uint64) << 32)).view(dtype)
     raise UnsupportedInstruction(f"operand type {dtype} ({where})")

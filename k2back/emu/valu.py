@@ -210,16 +210,16 @@ def _dpp(ins, fn, reads, writes):
     read0, rest = reads[0], reads[1:]
     (write,) = writes
 
-    def run(w):
-        source_ok = valid & w.mask[src]
-        value = np.broadcast_to(read0(w), (LANES,))[src]
+    def run(w):  # a wave's lanes [64], or a Batch's [waves, 64]
+        source_ok = valid & w.mask[..., src]
+        value = np.broadcast_to(read0(w), w.mask.shape)[..., src]
         if bound_ctrl:
             value = np.where(source_ok, value, np.zeros((), value.dtype))
             lanes = enabled
         else:
             lanes = enabled & source_ok
         _write_masked(w, write, fn(value, *[r(w) for r in rest]), lanes)
-    return run
+    return batchable(run)
 
 
 _SEL = {"BYTE_0": (0, 8), "BYTE_1": (8, 8), "BYTE_2": (16, 8), "BYTE_3": (24, 8),
@@ -324,11 +324,11 @@ def _decode_packed(ins, ctx, base):
         return batchable(pk32)
     write = vector_writer(dst, np.dtype(U32), where)
 
-    def pk16(w):
-        a = np.broadcast_to(np.asarray(fn(*[r(w) for r in lo]), dtype), (LANES,))
-        b = np.broadcast_to(np.asarray(fn(*[r(w) for r in hi]), dtype), (LANES,))
+    def pk16(w):  # a wave's lanes [64], or a Batch's [waves, 64]
+        a = np.broadcast_to(np.asarray(fn(*[r(w) for r in lo]), dtype), w.mask.shape)
+        b = np.broadcast_to(np.asarray(fn(*[r(w) for r in hi]), dtype), w.mask.shape)
         write(w, a.view(np.uint16).astype(U32) | (b.view(np.uint16).astype(U32) << U32(16)))
-    return pk16
+    return batchable(pk16)
 
 
 def _register(op, offset):
@@ -355,10 +355,13 @@ def _readfirstlane(ins, ctx, base):
     src = ctx.operand(ins.operands[1], ins)
     read = vector_reader(src, np.dtype(U32), ins.where())
 
-    def run(w):
-        lane = (w.exec & -w.exec).bit_length() - 1 if w.exec else 0
-        write(w, int(np.broadcast_to(read(w), (LANES,))[lane]))
-    return run
+    def run(w):  # a wave, or each wave of a Batch its own first lane
+        waves = w.waves or (w,)
+        first = [(v.exec & -v.exec).bit_length() - 1 if v.exec else 0 for v in waves]
+        values = np.broadcast_to(read(w), (len(waves), LANES))[np.arange(len(waves)), first]
+        for v, value in zip(waves, values.tolist()):
+            write(v, value)
+    return batchable(run)
 
 
 def _readlane(ins, ctx, base):
