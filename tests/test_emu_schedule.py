@@ -249,7 +249,8 @@ def test_waves_a_lone_wave_releases_run_on_with_it_as_one_batch(arch):
     f = ((a + np.float32(2)) ** 2 - x) * np.float32(0.25) + a
     np.testing.assert_array_equal(out, f.astype(np.uint32) + np.where(np.arange(512) < 64, 300, 0))
     assert stats.instructions["salu"] > 2 * 256  # wave 0's loop outlasts two quanta
-    # every VALU after the barrier ran once for the eight waves (v_readfirstlane too)
+    # every VALU ran once for the eight waves: the v_readfirstlane at the start, and
+    # every one after the barrier
     assert stats.batched == stats.instructions["valu"]
 
 
@@ -299,51 +300,3 @@ def test_lds_stores_under_per_wave_exec_masks(arch, batched):
     np.testing.assert_array_equal(out[512:], np.where(t >= 448, lds[(t + 64) % 512], 0))
     assert stats.lds_written == 4 * (512 + int((t % 4 <= t // 64).sum()))
     assert (stats.batched > 0) == batched
-
-
-# ---- across workgroups (machine._turns): consecutive workgroups whose waves are
-# at the same places take their turn as one, and a VALU/MFMA instruction runs
-# once over the waves of all of them (one view of the launch's registers); LDS
-# instructions per workgroup (each has its own LDS).
-
-
-def launch_mix_per_workgroup(arch: str, x: np.ndarray):
-    out = np.zeros_like(x)
-    machine = Machine(arch)
-    machine.batch_workgroups = False
-    stats = run(MIX, arch, "mix", {"x": x, "out": out}, grid=(GROUPS,), block=(512,), machine=machine)
-    return out, stats
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_workgroups_in_step_run_as_one_batch(arch):
-    x = rng(13).integers(0, 2**32, 512 * GROUPS, dtype=np.uint64).astype(np.uint32)
-    want = mix_reference(x)
-    across, stats = launch_mix(arch, x, batched=True)
-    alone, alone_stats = launch_mix_per_workgroup(arch, x)
-    np.testing.assert_array_equal(alone, want)
-    np.testing.assert_array_equal(across, want)
-    mine, theirs = dataclasses.asdict(stats), dataclasses.asdict(alone_stats)
-    assert {k: mine[k] for k in SAME_COUNTERS} == {k: theirs[k] for k in SAME_COUNTERS}
-    # the workgroups run in step: a VALU once for all three (LDS per workgroup)
-    assert 0 < 3 * stats.batches < 2 * alone_stats.batches
-
-
-# ---- launch set-up: the cycle collector is paused for a launch (machine.
-# _cycle_collection_paused) and must be left as it was found, also when the
-# launch raises.
-
-
-@pytest.mark.parametrize("enabled", [True, False])
-def test_a_launch_leaves_the_cycle_collector_as_it_found_it(enabled):
-    import gc
-    was = gc.isenabled()
-    try:
-        gc.enable() if enabled else gc.disable()
-        run_handwritten("gfx942", "\tv_mov_b32_e32 v1, v0", np.zeros(64, np.uint32))
-        assert gc.isenabled() == enabled
-        with pytest.raises(MemoryFault):
-            run(OUT_OF_RANGE, "gfx942", "stray", {"out": np.zeros(512, np.uint32)}, block=(512,))
-        assert gc.isenabled() == enabled
-    finally:
-        gc.enable() if was else gc.disable()
