@@ -12,7 +12,7 @@ BLOCKS, + BLOCKS, ... of each stage, in this order:
   split    S·ceil(nchunk/CPT) tasks of CPT chunks        plan_attention
   combine  S·H/CH tasks (task = t·(H/CH) + head group)   plan_attention
   wo_a     G·o_rank/32 tasks of 32 wo_a rows
-  wo_b     hidden/16 tasks of 16 wo_b rows
+  wo_b     hidden/rows tasks of 16 or 32 wo_b rows (_wo_b_rows)
 The GEMVs' task 0 sits on the CTA after the last attention task, so the CTAs
 without attention work stream weights long before their flags (the seed's
 reasoning: the weights are most of the bytes a launch moves): wo_a's from
@@ -142,6 +142,11 @@ class GemvStage:
     @property
     def row_tiles(self) -> int:
         return self.rows // TILE
+
+    @property
+    def ep_rows(self) -> int:
+        """Rows of the task an epilogue thread finishes (8 threads a token)."""
+        return self.rows // THREADS_PER_TOKEN
 
     @property
     def per_cta(self) -> int:
@@ -356,6 +361,15 @@ def _wo_b_ctas(tasks: int, busy: int, blocks: int, task_bytes: int, task_loads: 
     return min(blocks, tasks)
 
 
+def _wo_b_rows(hidden: int, k_steps: int, token_tiles: int) -> tuple[int, ...]:
+    """wo_b's rows a task, in the planner's order of preference: one row tile (the
+    most CTAs), then two (when a task's weights fit in registers at once), which the
+    planner takes when CTAs would run two tasks each: one task of both does the flag
+    wait's work once (activation loads, cross-wave sum, epilogue)."""
+    two = hidden % (2 * TILE) == 0 and _batch_fits(2 * k_steps, token_tiles)
+    return (TILE, 2 * TILE) if two else (TILE,)
+
+
 def _x_batch(k_steps: int, code_steps: int, token_tiles: int, weight_loads: int) -> int:
     """Activation steps loaded at once (for every token tile): the most that
     divide the wave's steps into whole codes, MAX_X_STEPS loads a lane in all
@@ -434,21 +448,26 @@ def _gemv_stages(geo, rank: RankShape, tokens: int, attention_tasks: int, blocks
         x_batch=_x_batch(woa_steps, mma.code_steps, token_tiles, WOA_ROWS // TILE * woa_steps),
         weight="wo_a", weight_scale="wo_a_scale", x="xo", x_codes="xo_codes",
         x_row=rank.q_cols, tasks_per_group=geo.o_rank // WOA_ROWS)
-    wob_tasks = geo.hidden // TILE
     _, wob_steps = _k_split(rank.o_rows, mma.code_steps)
-    wob_ctas = _wo_b_ctas(wob_tasks, attention_tasks + woa_tasks, blocks, TILE * rank.o_rows,
-                          wob_steps, token_tiles, WOA_ROWS * geo.group_k)
+    busy = attention_tasks + woa_tasks
+    for wob_rows in _wo_b_rows(geo.hidden, wob_steps, token_tiles):
+        wob_tasks = geo.hidden // wob_rows
+        wob_ctas = _wo_b_ctas(wob_tasks, busy, blocks, wob_rows * rank.o_rows,
+                              wob_rows // TILE * wob_steps, token_tiles, WOA_ROWS * geo.group_k)
+        if wob_tasks <= wob_ctas:
+            break
     # CTAs of their own (no earlier work) would stream wo_b's weights from launch,
     # in front of the split's KV gathers on the critical path: they start once the
     # split is done (wo_b's flags come two hand-offs later)
+    wob_loads = wob_rows // TILE * wob_steps
     wo_b = _gemv_stage(
-        "wo_b", mma, tokens, wob_tasks, (attention_tasks + woa_tasks) % blocks, wob_ctas,
-        batch=_batch_fits(math.ceil(wob_tasks / wob_ctas) * wob_steps, token_tiles),
-        after_split=attention_tasks + woa_tasks + wob_ctas <= blocks,
-        rows=TILE, k=rank.o_rows,
-        x_batch=_x_batch(wob_steps, mma.code_steps, token_tiles, wob_steps),
+        "wo_b", mma, tokens, wob_tasks, busy % blocks, wob_ctas,
+        batch=_batch_fits(math.ceil(wob_tasks / wob_ctas) * wob_loads, token_tiles),
+        after_split=busy + wob_ctas <= blocks,
+        rows=wob_rows, k=rank.o_rows,
+        x_batch=_x_batch(wob_steps, mma.code_steps, token_tiles, wob_loads),
         weight="wo_b", weight_scale="wo_b_scale", x="x8b", x_codes="x8b_codes",
-        x_row=rank.o_rows, tasks_per_group=geo.hidden // TILE)
+        x_row=rank.o_rows, tasks_per_group=wob_tasks)
     return wo_a, wo_b
 
 
