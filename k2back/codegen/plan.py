@@ -58,6 +58,10 @@ REGION_ALIGN = 256
 FLAG_BYTES = 4
 TASK_STAMPS = ("wait", "end")  # a task's timeline stamps (s_memrealtime ticks, low 32 bits)
 STAMP_BYTES = 4
+# wave-instructions (gfx950 asm) of a CTA's start stamp, and of the test that keeps
+# the CTAs without tasks from stamping theirs (KernelSpec.start_stamps)
+START_STAMP_COST = 7
+BUSY_TEST_COST = 2
 MAX_X_STEPS = 16  # 16-B activation loads a lane holds at once (64 VGPRs)
 MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of tasks (128 VGPRs)
 
@@ -266,6 +270,14 @@ class KernelSpec:
         tables follow each other from CTA 0)."""
         return min(self.blocks, max(first + min(tasks, spread)
                                     for tasks, first, spread in self.stage_tasks.values()))
+
+    @property
+    def start_stamps(self) -> int:
+        """CTAs 0 .. start_stamps - 1 stamp their start (a timeline build): the busy
+        ones, or every CTA where the test `bid < busy_ctas`, paid by every CTA,
+        would cost more than the idle CTAs' start stamps."""
+        idle = self.blocks - self.busy_ctas
+        return self.busy_ctas if idle * START_STAMP_COST > self.blocks * BUSY_TEST_COST else self.blocks
 
     def minimum_bytes(self, valid_keys: int) -> dict[str, int]:
         """SPEC §6, the bytes a launch must move at least: every weight byte and
