@@ -64,6 +64,12 @@ START_STAMP_COST = 7
 BUSY_TEST_COST = 2
 MAX_X_STEPS = 16  # 16-B activation loads a lane holds at once (64 VGPRs)
 MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of tasks (128 VGPRs)
+# wo_a's weights stream from launch, beside the split's KV gathers on the critical path:
+# in rounds (each once the last is in), so that fewer weight bytes are queued ahead of
+# the gathers at any time; they still arrive long before wo_a's flags
+# (benchmarks/modeled_time.py, V4.1-Flash TP 4 S 1: gfx950 8.99 -> 8.35 us, split end
+# 4.13 -> 3.43; gfx942 11.95 -> 11.18; 16 rounds, every load alone, gain no more)
+WOA_WEIGHT_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -120,6 +126,7 @@ class GemvStage:
     ctas: int
     batch: bool  # a CTA's tasks' weights all in flight before its first poll
     after_split: bool  # its CTAs await every split flag before they stream weights
+    weight_rounds: int  # a task's weight loads go out in this many rounds, each once the last is in
     rows: int  # weight rows a task: rows/16 MFMA row tiles
     k: int  # contraction length = weight row bytes
     k_waves: int
@@ -424,15 +431,17 @@ def _x_schedule(mma: GemvMma, tokens: int, k_steps: int, x_batch: int):
 
 def _gemv_stage(name: str, mma: GemvMma, tokens: int, tasks: int, first_cta: int, ctas: int,
                 batch: bool, rows: int, k: int, x_batch: int, after_split: bool = False,
-                **operands) -> GemvStage:
+                weight_rounds: int = 1, **operands) -> GemvStage:
     k_waves, k_steps = _k_split(k, mma.code_steps)
+    loads = rows // TILE * k_steps
+    weight_rounds = max(n for n in range(1, weight_rounds + 1) if loads % n == 0)
     x_tiles, x_steps = _x_schedule(mma, tokens, k_steps, x_batch)
     # one x tile hides no MFMA latency itself: scale its products a step later
     # (two would: and late products would cost 4 VGPRs each)
     scale_late = tuple(mma.name == "fp8" and len(us) == 1 for us in x_tiles)
     return GemvStage(
         name=name, mma=mma.name, tasks=tasks, first_cta=first_cta, ctas=ctas, batch=batch,
-        after_split=after_split,
+        after_split=after_split, weight_rounds=weight_rounds,
         rows=rows, k=k, k_waves=k_waves, k_steps=k_steps, step=STEP_BYTES, block=MX_BLOCK,
         code_steps=mma.code_steps, x_batch=x_batch, token_tiles=math.ceil(tokens / TILE),
         x_tokens=mma.x_tokens, x_tiles=x_tiles, x_steps=x_steps, scale_late=scale_late,
@@ -456,7 +465,7 @@ def _gemv_stages(geo, rank: RankShape, tokens: int, attention_tasks: int, blocks
     _, woa_steps = _k_split(geo.group_k, mma.code_steps)
     wo_a = _gemv_stage(
         "wo_a", mma, tokens, woa_tasks, attention_tasks % blocks, min(blocks, woa_tasks),
-        batch=False, rows=WOA_ROWS, k=geo.group_k,
+        batch=False, rows=WOA_ROWS, k=geo.group_k, weight_rounds=WOA_WEIGHT_ROUNDS,
         x_batch=_x_batch(woa_steps, mma.code_steps, token_tiles, WOA_ROWS // TILE * woa_steps),
         weight="wo_a", weight_scale="wo_a_scale", x="xo", x_codes="xo_codes",
         x_row=rank.q_cols, tasks_per_group=geo.o_rank // WOA_ROWS)
