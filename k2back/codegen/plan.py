@@ -16,9 +16,10 @@ BLOCKS, + BLOCKS, ... of each stage, in this order:
 The GEMVs' task 0 sits on the CTA after the last attention task, so the CTAs
 without attention work stream weights long before their flags (the seed's
 reasoning: the weights are most of the bytes a launch moves): wo_a's from
-launch, wo_b's (after_split, on CTAs of their own) once every split flag is
-set, so that the split's KV gathers, on the critical path, do not queue behind
-them (benchmarks/modeled_time.py: 11.65 -> 9.36 us, V4.1-Flash TP 4 S 1 gfx950).
+launch in rounds (WOA_WEIGHT_ROUNDS), wo_b's (after_split, on CTAs of their own)
+once every split flag is set, so that the split's KV gathers, on the critical
+path, do not queue behind them (benchmarks/modeled_time.py: 11.65 -> 9.36 us,
+V4.1-Flash TP 4 S 1 gfx950; the rounds 8.99 -> 8.35).
 
 Build option `timeline` (name suffix `_timeline`, and the key: it is in the
 spec): a `timeline` scratch region, one row a CTA of u32 s_memrealtime stamps
