@@ -67,7 +67,10 @@ MAX_X_STEPS = 16  # 16-B activation loads a lane holds at once (64 VGPRs)
 MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of tasks (128 VGPRs)
 # wo_a's weights stream from launch, beside the split's KV gathers on the critical path:
 # in rounds (each once the last is in), so that fewer weight bytes are queued ahead of
-# the gathers at any time; they still arrive long before wo_a's flags
+# the gathers at any time; they still arrive long before wo_a's flags. Only on CTAs of
+# their own: behind a CTA's attention task the rounds' round trips follow that task
+# (V4.1-Flash TP 4 S 48, rounds there -> not: gfx950 16.13 -> 15.59, gfx942 26.07 ->
+# 26.72 us, within the model's poll-phase noise)
 # (benchmarks/modeled_time.py, V4.1-Flash TP 4 S 1: gfx950 8.99 -> 8.35 us, split end
 # 4.13 -> 3.43; gfx942 11.95 -> 11.18; 16 rounds, every load alone, gain no more)
 WOA_WEIGHT_ROUNDS = 4
@@ -466,7 +469,8 @@ def _gemv_stages(geo, rank: RankShape, tokens: int, attention_tasks: int, blocks
     _, woa_steps = _k_split(geo.group_k, mma.code_steps)
     wo_a = _gemv_stage(
         "wo_a", mma, tokens, woa_tasks, attention_tasks % blocks, min(blocks, woa_tasks),
-        batch=False, rows=WOA_ROWS, k=geo.group_k, weight_rounds=WOA_WEIGHT_ROUNDS,
+        batch=False, rows=WOA_ROWS, k=geo.group_k,
+        weight_rounds=WOA_WEIGHT_ROUNDS if attention_tasks + woa_tasks <= blocks else 1,
         x_batch=_x_batch(woa_steps, mma.code_steps, token_tiles, WOA_ROWS // TILE * woa_steps),
         weight="wo_a", weight_scale="wo_a_scale", x="xo", x_codes="xo_codes",
         x_row=rank.q_cols, tasks_per_group=geo.o_rank // WOA_ROWS)
