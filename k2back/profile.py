@@ -180,10 +180,11 @@ def cta_tasks(spec) -> dict[int, list[tuple[str, int, int]]]:
 
 
 def stamps_written(spec) -> int:
-    """Stamps a launch of a timeline build writes: each busy CTA's start, each
-    task's end and the end of each of its flag waits."""
+    """Stamps a launch of a timeline build writes: the start of each CTA that stamps
+    it (KernelSpec.start_stamps), each task's end and the end of each of its flag
+    waits."""
     tasks = [(stage, nth) for runs in cta_tasks(spec).values() for stage, _, nth in runs]
-    return spec.busy_ctas + len(tasks) + sum(waits_on_flags(*t) for t in tasks)
+    return spec.start_stamps + len(tasks) + sum(waits_on_flags(*t) for t in tasks)
 
 
 def stamped_tasks(spec, scratch, tick_hz: float, origin: int | None = None) -> list[StampedTask]:

@@ -174,3 +174,15 @@ def test_gemv_epilogue_covers_every_token_of_a_tile_in_whole_waves(tokens):
     for stage in ("wo_a", "wo_b"):
         threads = getattr(plan("tiny", 1, tokens, 2, "gfx942"), stage).ep_threads
         assert threads >= needed and threads % 64 == 0 and threads - needed < 64, (stage, threads)
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("tp", (4, 8))
+def test_wo_b_task_is_a_ctas_two_row_tiles_at_decode(arch, tp):
+    """V4.1-Flash at S 1: 16-row wo_b tasks would leave most of wo_b's CTAs two each
+    behind one flag wait; the plan makes them one task of 32 rows a CTA (the wait's
+    activation loads, cross-wave sum and epilogue once). V4-Pro TP 1 at S 64 keeps
+    16 rows: two row tiles of its weights would not fit in registers."""
+    spec = plan("v4.1-flash", tp, 1, 2, arch)
+    assert (spec.wo_b.rows, spec.wo_b.per_cta, spec.wo_b.tasks) == (32, 1, spec.hidden // 32)
+    assert plan("v4-pro", 1, 64, 2, arch).wo_b.rows == 16

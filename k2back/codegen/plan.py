@@ -12,13 +12,14 @@ BLOCKS, + BLOCKS, ... of each stage, in this order:
   split    S·ceil(nchunk/CPT) tasks of CPT chunks        plan_attention
   combine  S·H/CH tasks (task = t·(H/CH) + head group)   plan_attention
   wo_a     G·o_rank/32 tasks of 32 wo_a rows
-  wo_b     hidden/16 tasks of 16 wo_b rows
+  wo_b     hidden/rows tasks of 16 or 32 wo_b rows (_wo_b_rows)
 The GEMVs' task 0 sits on the CTA after the last attention task, so the CTAs
 without attention work stream weights long before their flags (the seed's
 reasoning: the weights are most of the bytes a launch moves): wo_a's from
-launch, wo_b's (after_split, on CTAs of their own) once every split flag is
-set, so that the split's KV gathers, on the critical path, do not queue behind
-them (benchmarks/modeled_time.py: 11.65 -> 9.36 us, V4.1-Flash TP 4 S 1 gfx950).
+launch in rounds (WOA_WEIGHT_ROUNDS), wo_b's (after_split, on CTAs of their own)
+once every split flag is set, so that the split's KV gathers, on the critical
+path, do not queue behind them (benchmarks/modeled_time.py: 11.65 -> 9.36 us,
+V4.1-Flash TP 4 S 1 gfx950; the rounds 8.99 -> 8.35).
 
 Build option `timeline` (name suffix `_timeline`, and the key: it is in the
 spec): a `timeline` scratch region, one row a CTA of u32 s_memrealtime stamps
@@ -58,8 +59,21 @@ REGION_ALIGN = 256
 FLAG_BYTES = 4
 TASK_STAMPS = ("wait", "end")  # a task's timeline stamps (s_memrealtime ticks, low 32 bits)
 STAMP_BYTES = 4
+# wave-instructions (gfx950 asm) of a CTA's start stamp, and of the test that keeps
+# the CTAs without tasks from stamping theirs (KernelSpec.start_stamps)
+START_STAMP_COST = 7
+BUSY_TEST_COST = 2
 MAX_X_STEPS = 16  # 16-B activation loads a lane holds at once (64 VGPRs)
 MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of tasks (128 VGPRs)
+# wo_a's weights stream from launch, beside the split's KV gathers on the critical path:
+# in rounds (each once the last is in), so that fewer weight bytes are queued ahead of
+# the gathers at any time; they still arrive long before wo_a's flags. Only on CTAs of
+# their own: behind a CTA's attention task the rounds' round trips follow that task
+# (V4.1-Flash TP 4 S 48, rounds there -> not: gfx950 16.13 -> 15.59, gfx942 26.07 ->
+# 26.72 us, within the model's poll-phase noise)
+# (benchmarks/modeled_time.py, V4.1-Flash TP 4 S 1: gfx950 8.99 -> 8.35 us, split end
+# 4.13 -> 3.43; gfx942 11.95 -> 11.18; 16 rounds, every load alone, gain no more)
+WOA_WEIGHT_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -116,6 +130,7 @@ class GemvStage:
     ctas: int
     batch: bool  # a CTA's tasks' weights all in flight before its first poll
     after_split: bool  # its CTAs await every split flag before they stream weights
+    weight_rounds: int  # a task's weight loads go out in this many rounds, each once the last is in
     rows: int  # weight rows a task: rows/16 MFMA row tiles
     k: int  # contraction length = weight row bytes
     k_waves: int
@@ -142,6 +157,11 @@ class GemvStage:
     @property
     def row_tiles(self) -> int:
         return self.rows // TILE
+
+    @property
+    def ep_rows(self) -> int:
+        """Rows of the task an epilogue thread finishes (8 threads a token)."""
+        return self.rows // THREADS_PER_TOKEN
 
     @property
     def per_cta(self) -> int:
@@ -262,6 +282,14 @@ class KernelSpec:
         return min(self.blocks, max(first + min(tasks, spread)
                                     for tasks, first, spread in self.stage_tasks.values()))
 
+    @property
+    def start_stamps(self) -> int:
+        """CTAs 0 .. start_stamps - 1 stamp their start (a timeline build): the busy
+        ones, or every CTA where the test `bid < busy_ctas`, paid by every CTA,
+        would cost more than the idle CTAs' start stamps."""
+        idle = self.blocks - self.busy_ctas
+        return self.busy_ctas if idle * START_STAMP_COST > self.blocks * BUSY_TEST_COST else self.blocks
+
     def minimum_bytes(self, valid_keys: int) -> dict[str, int]:
         """SPEC §6, the bytes a launch must move at least: every weight byte and
         block code once, one KV record per valid (token, key), q, the key table
@@ -356,6 +384,15 @@ def _wo_b_ctas(tasks: int, busy: int, blocks: int, task_bytes: int, task_loads: 
     return min(blocks, tasks)
 
 
+def _wo_b_rows(hidden: int, k_steps: int, token_tiles: int) -> tuple[int, ...]:
+    """wo_b's rows a task, in the planner's order of preference: one row tile (the
+    most CTAs), then two (when a task's weights fit in registers at once), which the
+    planner takes when CTAs would run two tasks each: one task of both does the flag
+    wait's work once (activation loads, cross-wave sum, epilogue)."""
+    two = hidden % (2 * TILE) == 0 and _batch_fits(2 * k_steps, token_tiles)
+    return (TILE, 2 * TILE) if two else (TILE,)
+
+
 def _x_batch(k_steps: int, code_steps: int, token_tiles: int, weight_loads: int) -> int:
     """Activation steps loaded at once (for every token tile): the most that
     divide the wave's steps into whole codes, MAX_X_STEPS loads a lane in all
@@ -398,15 +435,17 @@ def _x_schedule(mma: GemvMma, tokens: int, k_steps: int, x_batch: int):
 
 def _gemv_stage(name: str, mma: GemvMma, tokens: int, tasks: int, first_cta: int, ctas: int,
                 batch: bool, rows: int, k: int, x_batch: int, after_split: bool = False,
-                **operands) -> GemvStage:
+                weight_rounds: int = 1, **operands) -> GemvStage:
     k_waves, k_steps = _k_split(k, mma.code_steps)
+    loads = rows // TILE * k_steps
+    weight_rounds = max(n for n in range(1, weight_rounds + 1) if loads % n == 0)
     x_tiles, x_steps = _x_schedule(mma, tokens, k_steps, x_batch)
     # one x tile hides no MFMA latency itself: scale its products a step later
     # (two would: and late products would cost 4 VGPRs each)
     scale_late = tuple(mma.name == "fp8" and len(us) == 1 for us in x_tiles)
     return GemvStage(
         name=name, mma=mma.name, tasks=tasks, first_cta=first_cta, ctas=ctas, batch=batch,
-        after_split=after_split,
+        after_split=after_split, weight_rounds=weight_rounds,
         rows=rows, k=k, k_waves=k_waves, k_steps=k_steps, step=STEP_BYTES, block=MX_BLOCK,
         code_steps=mma.code_steps, x_batch=x_batch, token_tiles=math.ceil(tokens / TILE),
         x_tokens=mma.x_tokens, x_tiles=x_tiles, x_steps=x_steps, scale_late=scale_late,
@@ -431,24 +470,30 @@ def _gemv_stages(geo, rank: RankShape, tokens: int, attention_tasks: int, blocks
     wo_a = _gemv_stage(
         "wo_a", mma, tokens, woa_tasks, attention_tasks % blocks, min(blocks, woa_tasks),
         batch=False, rows=WOA_ROWS, k=geo.group_k,
+        weight_rounds=WOA_WEIGHT_ROUNDS if attention_tasks + woa_tasks <= blocks else 1,
         x_batch=_x_batch(woa_steps, mma.code_steps, token_tiles, WOA_ROWS // TILE * woa_steps),
         weight="wo_a", weight_scale="wo_a_scale", x="xo", x_codes="xo_codes",
         x_row=rank.q_cols, tasks_per_group=geo.o_rank // WOA_ROWS)
-    wob_tasks = geo.hidden // TILE
     _, wob_steps = _k_split(rank.o_rows, mma.code_steps)
-    wob_ctas = _wo_b_ctas(wob_tasks, attention_tasks + woa_tasks, blocks, TILE * rank.o_rows,
-                          wob_steps, token_tiles, WOA_ROWS * geo.group_k)
+    busy = attention_tasks + woa_tasks
+    for wob_rows in _wo_b_rows(geo.hidden, wob_steps, token_tiles):
+        wob_tasks = geo.hidden // wob_rows
+        wob_ctas = _wo_b_ctas(wob_tasks, busy, blocks, wob_rows * rank.o_rows,
+                              wob_rows // TILE * wob_steps, token_tiles, WOA_ROWS * geo.group_k)
+        if wob_tasks <= wob_ctas:
+            break
     # CTAs of their own (no earlier work) would stream wo_b's weights from launch,
     # in front of the split's KV gathers on the critical path: they start once the
     # split is done (wo_b's flags come two hand-offs later)
+    wob_loads = wob_rows // TILE * wob_steps
     wo_b = _gemv_stage(
-        "wo_b", mma, tokens, wob_tasks, (attention_tasks + woa_tasks) % blocks, wob_ctas,
-        batch=_batch_fits(math.ceil(wob_tasks / wob_ctas) * wob_steps, token_tiles),
-        after_split=attention_tasks + woa_tasks + wob_ctas <= blocks,
-        rows=TILE, k=rank.o_rows,
-        x_batch=_x_batch(wob_steps, mma.code_steps, token_tiles, wob_steps),
+        "wo_b", mma, tokens, wob_tasks, busy % blocks, wob_ctas,
+        batch=_batch_fits(math.ceil(wob_tasks / wob_ctas) * wob_loads, token_tiles),
+        after_split=busy + wob_ctas <= blocks,
+        rows=wob_rows, k=rank.o_rows,
+        x_batch=_x_batch(wob_steps, mma.code_steps, token_tiles, wob_loads),
         weight="wo_b", weight_scale="wo_b_scale", x="x8b", x_codes="x8b_codes",
-        x_row=rank.o_rows, tasks_per_group=geo.hidden // TILE)
+        x_row=rank.o_rows, tasks_per_group=wob_tasks)
     return wo_a, wo_b
 
 
