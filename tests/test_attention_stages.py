@@ -16,6 +16,7 @@ from k2back.codegen import render, targets
 from k2back.codegen.plan import plan
 from k2back.codegen.plan_attention import (
     CHUNK_KEYS,
+    MAX_SHORT_CHUNKS,
     MIN_SPLIT_TASKS,
     plan_attention,
 )
@@ -38,9 +39,10 @@ CASES = [
     *[(arch, tp, 3, 2, {}) for arch in ("gfx942", "gfx950") for tp in (1, 2, 4, 8)],
     ("gfx942", 4, 1, 0, {}),
     ("gfx950", 1, 2, 1, {}),
-    ("gfx942", 1, 16, 2, {}),  # 64-key chunks, 64 heads: gfx942's largest LDS
-    ("gfx950", 8, 16, 0, {}),
-    ("gfx950", 2, 16, 2, {}),
+    # more chunks than short ones (default_chunk_keys): the largest chunks
+    ("gfx942", 1, 24, 2, {}),  # 64-key chunks, 64 heads: gfx942's largest LDS
+    ("gfx950", 8, 48, 0, {}),  # 128-key chunks
+    ("gfx950", 2, 48, 2, {}),
 ]
 EDGES = [
     ("key_len 0 and 1", {"key_len": torch.tensor([0, 1, 40], dtype=torch.int32)}),
@@ -261,9 +263,11 @@ def test_plan_fits_and_covers(geometry, tp, tokens, arch):
     assert (math.ceil(a.split_tasks / blocks) * a.chunks_per_task
             <= math.ceil(tokens * a.nchunk / blocks))
     assert a.combine_tasks * a.combine_heads == tokens * rank.heads
-    # a wave a SIMD while the attention tasks hold at most a quarter of the grid, else a group a task
-    fits = tokens * rank.heads // 4 + a.split_tasks <= blocks // 4
-    assert a.combine_heads == (4 if fits else 8)
+    # a wave a SIMD, a head over as many SIMDs as keep the attention tasks within a
+    # quarter of the grid; else a group a task, a wave a head
+    shapes = [(4 // w, w) for w in (4, 2, 1)
+              if tokens * rank.heads * w // 4 + a.split_tasks <= blocks // 4]
+    assert (a.combine_heads, a.combine_waves) == (shapes + [(8, 1)])[0]
     # members 16-B aligned and disjoint, except what the plan says aliases
     # (p and dots over a streamed q tile, dots over p beside a resident q)
     home = "p" if a.q_resident else "q"
@@ -274,13 +278,22 @@ def test_plan_fits_and_covers(geometry, tp, tokens, arch):
     assert all(end <= nxt for (_, end, _), (nxt, _, _) in itertools.pairwise(spans))
     assert all(a.lds[n][0] == a.lds[home][0] for n in aliases)
     assert a.lds["q"][1] >= (16 * a.head_tiles if a.q_resident else 16) * a.q_row
-    # the chunk: as large as LDS allows while MIN_SPLIT_TASKS tasks remain
-    for ck in (c for c in CHUNK_KEYS if c > a.chunk_keys):
+    # the chunk: the smallest that fits LDS while the launch's chunks stay short
+    # (within MAX_SHORT_CHUNKS and a quarter of the grid), else as large as LDS
+    # allows while MIN_SPLIT_TASKS tasks remain
+    def fits_lds(ck):
         try:
-            plan_attention(rank, tokens, 2, target, chunk_keys=ck)
+            return plan_attention(rank, tokens, 2, target, chunk_keys=ck) is not None
         except ValueError:
-            continue  # does not fit LDS
-        assert tokens * math.ceil(rank.keys / ck) < MIN_SPLIT_TASKS
+            return False
+    fitting = [ck for ck in CHUNK_KEYS if fits_lds(ck)]
+    short = [ck for ck in fitting if tokens * math.ceil(rank.keys / ck) <= min(MAX_SHORT_CHUNKS, blocks // 4)]
+    if short:
+        assert a.chunk_keys == short[0]
+    else:
+        assert a.nchunk * tokens > min(MAX_SHORT_CHUNKS, blocks // 4)
+        for ck in (c for c in fitting if c > a.chunk_keys):
+            assert tokens * math.ceil(rank.keys / ck) < MIN_SPLIT_TASKS
 
 
 @pytest.mark.parametrize("tp,arch", [(2, "gfx942"), (4, "gfx942"), (8, "gfx942"),

@@ -10,7 +10,7 @@ Contract notes for plan.py / kernel.ll.j2 (see ARCHITECTURE.md):
 - Tasks: split task = t·tasks_per_token + i covers chunks i·CPT ..
   min((i+1)·CPT, nchunk) - 1 of token t (CPT = chunks_per_task, consecutive
   chunks sharing one read of q), combine task = t·(H/CH) + head group (CH =
-  combine_heads, 4 or 8 heads: a wave a head); a wo_a group's 8 heads are
+  combine_heads, 1 to 8 heads over 1 to 4 waves each); a wo_a group's 8 heads are
   8/CH consecutive combine tasks. One split flag a task: combine awaits the
   token's tasks_per_token flags.
 - A split task stops at its first chunk that starts at or past key_len[t]
@@ -100,6 +100,9 @@ PART_PIECES = {
 KERNEL_LDS = 16
 MAX_CHUNKS = WAVE  # combine reads a token's chunk stats a lane a chunk
 MIN_SPLIT_TASKS = 8
+# chunks of a launch up to which the smallest chunk size is taken (default_chunk_keys):
+# V4.1-Flash TP 4 S 2 rereads q 40 times, +3.3 % of the step's bytes
+MAX_SHORT_CHUNKS = 40
 SIMDS = 4  # a CU's SIMDs (CDNA3/CDNA4): waves of a CTA beyond 4 share one
 
 
@@ -115,7 +118,8 @@ class AttentionPlan:
         runs, q read once for all (in LDS, every head tile, when CPT > 1)
       tasks_per_token = ceil(nchunk / CPT)
       split_tasks = S·tasks_per_token, combine_tasks = S·H/combine_heads
-      combine_heads: heads a combine task merges, a wave each (combine_heads_for)
+      combine_heads, combine_waves: heads a combine task merges, waves a head
+        (combine_shape): wave w merges dims of head w // combine_waves
       key_tiles = CK/16, key_parts <= 8/key_tiles (as many as LDS allows for
         the parts' dots): wave w < key_tiles·key_parts scores key tile
         w % key_tiles (keys c·CK + 16·tile ..) over the record pieces
@@ -169,6 +173,7 @@ class AttentionPlan:
     split_tasks: int
     combine_tasks: int
     combine_heads: int
+    combine_waves: int
     key_tiles: int
     key_parts: int
     raw_keys: int
@@ -282,17 +287,24 @@ def _scratch(tokens: int, nchunk: int, heads: int) -> dict[str, int]:
 
 
 def default_chunk_keys(keys: int, heads: int, tokens: int, target: ArchInfo) -> int:
-    """The largest chunk that fits LDS and still leaves MIN_SPLIT_TASKS split
-    tasks.
+    """The smallest chunk that fits LDS while the launch's chunks (one split
+    task each) stay within MAX_SHORT_CHUNKS and a quarter of the grid; past
+    that, the largest that fits and still leaves MIN_SPLIT_TASKS split tasks.
 
-    A chunk's waves score their 16 keys each in parallel, so a bigger chunk
-    costs a task little latency, while every chunk rereads the token's q and
-    writes (and combine reads) an H·1 KiB partial: global bytes beyond SPEC
-    §6's minimum, S·nchunk·H·2 KiB in all. More tasks than a few buy no
-    latency; fewer leave one CTA to do a whole token."""
+    A decode step's split is latency-bound: a chunk's waves score their 16
+    keys each in parallel, then every wave runs the PV over all the chunk's
+    keys, so a task's time grows with its chunk while the tasks run side by
+    side on CTAs of their own. Every chunk rereads the token's q (H·1 KiB
+    beyond SPEC §6's minimum) and hands over an H·1 KiB partial: the cap
+    keeps those bytes a few percent of a step's weights. Many tokens' chunks
+    fill the grid anyway: there, fewer and larger ones."""
     fitting = [ck for ck in CHUNK_KEYS if _layout(heads, ck, target)]
     if not fitting:
         raise ValueError(f"heads: {heads} heads leave no chunk size room in LDS")
+    short = min(MAX_SHORT_CHUNKS, target.blocks // SIMDS)
+    for ck in fitting:
+        if tokens * math.ceil(keys / ck) <= short and math.ceil(keys / ck) <= MAX_CHUNKS:
+            return ck
     for ck in reversed(fitting):
         if tokens * math.ceil(keys / ck) >= MIN_SPLIT_TASKS:
             return ck
@@ -320,15 +332,18 @@ def chunks_per_task(tokens: int, nchunk: int, heads: int, chunk_keys: int,
     return max(c for c in range(1, nchunk + 1) if busiest(c) == least)
 
 
-def combine_heads_for(tokens: int, heads: int, split_tasks: int, target: ArchInfo) -> int:
-    """Heads a combine task merges (a wave a head): one a SIMD (SIMDS), so that no
-    two waves of a task share a SIMD's VALU (the combine is VALU-bound and on the
-    critical path), while the attention tasks stay within a quarter of the grid
-    (the extra combine tasks come out of the CTAs that stream GEMV weights from
-    launch); else a group's HEADS_PER_GROUP (two waves a SIMD)."""
-    if tokens * heads // SIMDS + split_tasks <= target.blocks // SIMDS:
-        return SIMDS
-    return HEADS_PER_GROUP
+def combine_shape(tokens: int, heads: int, split_tasks: int, target: ArchInfo) -> tuple[int, int]:
+    """(heads a combine task merges, waves a head): a wave a SIMD (heads x waves
+    = SIMDS), so that no two waves of a task share a SIMD's VALU (the combine is
+    VALU-bound and on the critical path), a head over as many SIMDs as the grid
+    allows while the attention tasks stay within a quarter of it (the extra
+    combine tasks come out of the CTAs that stream GEMV weights from launch);
+    else a group's HEADS_PER_GROUP a task, a wave a head (two waves a SIMD)."""
+    for waves in (SIMDS, SIMDS // 2, 1):
+        per_task = SIMDS // waves
+        if tokens * heads // per_task + split_tasks <= target.blocks // SIMDS:
+            return per_task, waves
+    return HEADS_PER_GROUP, 1
 
 
 def plan_attention(
@@ -368,7 +383,7 @@ def plan_attention(
                         for name, kind, j, _, q_at in RECORD_PIECES
                         for o in range(PIECE_DIMS[kind] // target.mfma_k))
     tasks_per_token = math.ceil(nchunk / cpt)
-    combine_heads = combine_heads_for(tokens, heads, tokens * tasks_per_token, target)
+    combine_heads, combine_waves = combine_shape(tokens, heads, tokens * tasks_per_token, target)
     return AttentionPlan(
         arch=target.name,
         tokens=tokens,
@@ -382,6 +397,7 @@ def plan_attention(
         split_tasks=tokens * tasks_per_token,
         combine_tasks=tokens * heads // combine_heads,
         combine_heads=combine_heads,
+        combine_waves=combine_waves,
         key_tiles=ck // KEY_TILE,
         key_parts=key_parts,
         raw_keys=raw_keys,
