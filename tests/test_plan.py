@@ -96,12 +96,15 @@ def test_supported_configuration(config):
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("tokens", (1, 2, 4, 8, 16))
-def test_wo_b_weights_stream_from_launch(arch, tokens):
-    """V4.1-Flash TP 4, decode sizes: every wo_b task on a CTA without attention
-    or wo_a work, all of a CTA's wo_b weights in flight before its first poll."""
+def test_wo_b_weights_stream_once_the_split_is_done(arch, tokens):
+    """V4.1-Flash TP 4, decode sizes: every wo_b task on a CTA without combine or
+    wo_a work (a split CTA's task ends before wo_b's weights stream: they await
+    every split flag), all of a CTA's wo_b weights in flight before its first poll."""
     spec = plan("v4.1-flash", 4, tokens, 2, arch)
-    busy = sum(spec.stage_tasks[s][0] for s in ("split", "combine", "wo_a"))
-    assert spec.wo_b.ctas <= spec.blocks - busy and spec.wo_b.batch
+    earlier = {spec.task_cta(stage, task)[0] for stage in ("combine", "wo_a")
+               for task in range(spec.stage_tasks[stage][0])}
+    wo_b = {spec.task_cta("wo_b", task)[0] for task in range(spec.wo_b.tasks)}
+    assert not wo_b & earlier and spec.wo_b.after_split and spec.wo_b.batch
 
 
 def test_minimum_bytes_matches_spec_example():
@@ -186,3 +189,19 @@ def test_wo_b_task_is_a_ctas_two_row_tiles_at_decode(arch, tp):
     spec = plan("v4.1-flash", tp, 1, 2, arch)
     assert (spec.wo_b.rows, spec.wo_b.per_cta, spec.wo_b.tasks) == (32, 1, spec.hidden // 32)
     assert plan("v4-pro", 1, 64, 2, arch).wo_b.rows == 16
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("geometry, tp, tokens", [("v4.1-flash", 4, 1), ("v4.1-flash", 8, 1),
+                                                  ("v4.1-flash", 4, 48), ("tiny", 4, 3)])
+def test_epoch_moves_on_a_cta_whose_work_ends_first(arch, geometry, tp, tokens):
+    """The CTA awaiting every epoch mark runs no task when one is idle, else split
+    tasks only when one does: at V4.1-Flash TP 4 S 1 wo_b wraps onto CTA 0, whose
+    wait would then begin after wo_b's and end a poll round after the last mark."""
+    spec = plan(geometry, tp, tokens, 2, arch)
+    work = [set() for _ in range(spec.blocks)]
+    for stage, (tasks, _, _) in spec.stage_tasks.items():
+        for task in range(tasks):
+            work[spec.task_cta(stage, task)[0]].add(stage)
+    rank = [0 if not w else 1 if w == {"split"} else 2 for w in work]
+    assert rank[spec.epoch_cta] == min(rank), (spec.epoch_cta, work[spec.epoch_cta])

@@ -16,10 +16,12 @@ BLOCKS, + BLOCKS, ... of each stage, in this order:
 The GEMVs' task 0 sits on the CTA after the last attention task, so the CTAs
 without attention work stream weights long before their flags (the seed's
 reasoning: the weights are most of the bytes a launch moves): wo_a's from
-launch in rounds (WOA_WEIGHT_ROUNDS), wo_b's (after_split, on CTAs of their own)
-once every split flag is set, so that the split's KV gathers, on the critical
-path, do not queue behind them (benchmarks/modeled_time.py: 11.65 -> 9.36 us,
-V4.1-Flash TP 4 S 1 gfx950; the rounds 8.99 -> 8.35).
+launch in rounds (WOA_WEIGHT_ROUNDS), wo_b's (after_split, on CTAs of their own
+and, wrapping around, on the split's: done by then) once every split flag is
+set, so that the split's KV gathers, on the critical path, do not queue behind
+them (benchmarks/modeled_time.py: 11.65 -> 9.36 us, V4.1-Flash TP 4 S 1 gfx950;
+the rounds 8.99 -> 8.35). The epoch moves on a CTA whose work ends first
+(KernelSpec.epoch_cta).
 
 Build option `timeline` (name suffix `_timeline`, and the key: it is in the
 spec): a `timeline` scratch region, one row a CTA of u32 s_memrealtime stamps
@@ -283,6 +285,18 @@ class KernelSpec:
                                     for tasks, first, spread in self.stage_tasks.values()))
 
     @property
+    def epoch_cta(self) -> int:
+        """The CTA that awaits every CTA's epoch mark and then moves the epoch on
+        (handoff.epoch_end): one whose own work ends first, so that the last mark
+        is seen soon after it is written: an idle CTA, else the first that runs
+        split tasks only (wo_b may wrap onto the others), else CTA 0."""
+        if self.busy_ctas < self.blocks:
+            return self.busy_ctas
+        runs = [[stage for stage, (tasks, first, spread) in self.stage_tasks.items()
+                 if (cta - first) % self.blocks < min(tasks, spread)] for cta in range(self.blocks)]
+        return next((cta for cta, stages in enumerate(runs) if stages == ["split"]), 0)
+
+    @property
     def start_stamps(self) -> int:
         """CTAs 0 .. start_stamps - 1 stamp their start (a timeline build): the busy
         ones, or every CTA where the test `bid < busy_ctas`, paid by every CTA,
@@ -369,14 +383,13 @@ def _k_split(k: int, code_steps: int) -> tuple[int, int]:
     return waves, steps // waves
 
 
-def _wo_b_ctas(tasks: int, busy: int, blocks: int, task_bytes: int, task_loads: int,
+def _wo_b_ctas(tasks: int, free: int, blocks: int, task_bytes: int, task_loads: int,
                token_tiles: int, woa_task_bytes: int) -> int:
     """CTAs wo_b spreads over, from the first CTA after the earlier stages'
-    tasks: only those with no earlier work when each can hold all its tasks'
-    weights in flight at launch (registers) and streams no more than a wo_a
-    CTA does (no new long pole); else the whole grid, where a CTA's wo_b
-    weights stream after its earlier work."""
-    free = blocks - busy
+    tasks: only the `free` ones (no work but, at most, a split task) when each
+    can hold all its tasks' weights in flight (registers) and streams no more
+    than a wo_a CTA does (no new long pole); else the whole grid, where a CTA's
+    wo_b weights stream after its earlier work."""
     if free > 0:
         per_cta = math.ceil(tasks / free)
         if per_cta * task_bytes <= woa_task_bytes and _batch_fits(per_cta * task_loads, token_tiles):
@@ -460,11 +473,12 @@ def _epilogue_threads(tokens: int) -> int:
     return THREADS_PER_TOKEN * min(TILE, -(-tokens // per_wave) * per_wave)
 
 
-def _gemv_stages(geo, rank: RankShape, tokens: int, attention_tasks: int, blocks: int,
+def _gemv_stages(geo, rank: RankShape, tokens: int, att: AttentionPlan, blocks: int,
                  mma: GemvMma) -> tuple[GemvStage, GemvStage]:
     """wo_a (tasks of WOA_ROWS rows of a group's wo_a) from the CTA after the
     last attention task, then wo_b (TILE rows of wo_b a task)."""
     token_tiles = math.ceil(tokens / TILE)
+    attention_tasks, split_tasks = att.split_tasks + att.combine_tasks, att.split_tasks
     woa_tasks = rank.o_rows // WOA_ROWS
     _, woa_steps = _k_split(geo.group_k, mma.code_steps)
     wo_a = _gemv_stage(
@@ -476,9 +490,12 @@ def _gemv_stages(geo, rank: RankShape, tokens: int, attention_tasks: int, blocks
         x_row=rank.q_cols, tasks_per_group=geo.o_rank // WOA_ROWS)
     _, wob_steps = _k_split(rank.o_rows, mma.code_steps)
     busy = attention_tasks + woa_tasks
+    # free for wo_b: the CTAs after wo_a's, and those of the split tasks (CTAs 0 ..,
+    # where wo_b's CTAs wrap around to), done before wo_b's weights stream
+    free = blocks - busy + (split_tasks if busy <= blocks else 0)
     for wob_rows in _wo_b_rows(geo.hidden, wob_steps, token_tiles):
         wob_tasks = geo.hidden // wob_rows
-        wob_ctas = _wo_b_ctas(wob_tasks, busy, blocks, wob_rows * rank.o_rows,
+        wob_ctas = _wo_b_ctas(wob_tasks, free, blocks, wob_rows * rank.o_rows,
                               wob_rows // TILE * wob_steps, token_tiles, WOA_ROWS * geo.group_k)
         if wob_tasks <= wob_ctas:
             break
@@ -489,7 +506,7 @@ def _gemv_stages(geo, rank: RankShape, tokens: int, attention_tasks: int, blocks
     wo_b = _gemv_stage(
         "wo_b", mma, tokens, wob_tasks, busy % blocks, wob_ctas,
         batch=_batch_fits(math.ceil(wob_tasks / wob_ctas) * wob_loads, token_tiles),
-        after_split=busy + wob_ctas <= blocks,
+        after_split=wob_ctas <= free,
         rows=wob_rows, k=rank.o_rows,
         x_batch=_x_batch(wob_steps, mma.code_steps, token_tiles, wob_loads),
         weight="wo_b", weight_scale="wo_b_scale", x="x8b", x_codes="x8b_codes",
@@ -558,9 +575,8 @@ def plan(geometry: Config | str, tp: int | None = None, tokens: int | None = Non
     att = plan_attention(rank, tokens, ratio, info)
     blocks = info.blocks
 
-    attention_tasks = att.split_tasks + att.combine_tasks
     mma = GEMV_MMA["scaled" if info.scaled_mfma else "fp8"]
-    wo_a, wo_b = _gemv_stages(geo, rank, tokens, attention_tasks, blocks, mma)
+    wo_a, wo_b = _gemv_stages(geo, rank, tokens, att, blocks, mma)
     lds, lds_bytes = _lds_union(att, (wo_a, wo_b), info, f"{geo.name} TP {tp} S {tokens}")
     scratch, scratch_bytes = _scratch_regions(att, wo_a, rank, tokens, blocks)
 
