@@ -162,7 +162,7 @@ ALU_CASES = {
          # op_sel_hi bit 0 of src1: the high half adds src1's low half
          ("v25", lambda e: ((e["a"] & U32(0xFFFF)) + (e["s"][0] & U32(0xFFFF))) & U32(0xFFFF)
           | (((e["a"] >> U32(16)) + (e["s"][0] & U32(0xFFFF))) & U32(0xFFFF)) << U32(16))]),
-    "float compares: lg, lt with a constant, neq, u": (
+    "float compares: lg (e32, e64), lt with a constant, neq, u": (
         """
 \tv_cmp_lg_f32_e32 vcc, s5, v3
 \tv_cndmask_b32_e64 v20, 0, 1, vcc
@@ -171,12 +171,15 @@ ALU_CASES = {
 \tv_cmp_neq_f32_e64 s[12:13], s5, v3
 \tv_cndmask_b32_e64 v22, 0, 1, s[12:13]
 \tv_cmp_u_f32_e64 s[12:13], v3, v4
-\tv_cndmask_b32_e64 v23, 0, 1, s[12:13]""",
+\tv_cndmask_b32_e64 v23, 0, 1, s[12:13]
+\tv_cmp_lg_f32_e64 s[12:13], v3, v4
+\tv_cndmask_b32_e64 v24, 0, 1, s[12:13]""",
         # LG: ordered and unequal; NEQ: !(==) (true on NaN); U: either NaN
         [("v20", lambda e: mask_bits(~np.isnan(e["x"]) & (e["x"] != F32(1.5)))),
          ("v21", lambda e: mask_bits(F32(0) < e["x"])),
          ("v22", lambda e: mask_bits(~(e["x"] == F32(1.5)))),
-         ("v23", lambda e: mask_bits(np.isnan(e["x"]) | np.isnan(e["y"])))]),
+         ("v23", lambda e: mask_bits(np.isnan(e["x"]) | np.isnan(e["y"]))),
+         ("v24", lambda e: mask_bits(~np.isnan(e["x"]) & ~np.isnan(e["y"]) & (e["x"] != e["y"])))]),
     "v_lshrrev_b32_e64 of vcc_lo, v_med3_i32, v_mov_b64_e32": (
         """
 \tv_cmp_gt_u32_e32 vcc, v1, v2
@@ -258,7 +261,7 @@ ALU_CASES = {
              lambda s4, s5, s6, s7: s4 * 0x130, lambda s4, s5, s6, s7: s4 & ~63,
              lambda s4, s5, s6, s7: s4 ^ 0x80, lambda s4, s5, s6, s7: int(s7 >= s6),
              lambda s4, s5, s6, s7: int(s7 > 2), lambda s4, s5, s6, s7: int(s6 > 1)])]),
-    "scalar masks: s_cmpk_*, s_cselect_b64, s_and_b64 with vcc, s_or_saveexec_b64": (
+    "scalar masks: s_cmpk_* (lt/gt_u32, lg_i32), s_addk_i32, s_cselect_b64, s_and_b64 with vcc, s_or_saveexec_b64": (
         """
 \ts_cmpk_lt_u32 s6, 0x200
 \ts_cselect_b64 s[12:13], -1, 0
@@ -281,12 +284,26 @@ ALU_CASES = {
 \tv_mov_b32_e32 v23, 7
 \ts_mov_b64 exec, -1
 \tv_mov_b32_e32 v24, s12
-\tv_mov_b32_e32 v25, s13""",
+\tv_mov_b32_e32 v25, s13
+\ts_cmpk_lg_i32 s6, 0x200
+\ts_cselect_b32 s12, 1, 0
+\ts_movk_i32 s13, 0x200
+\ts_cmpk_lg_i32 s13, 0x200
+\ts_cselect_b32 s14, 1, 0
+\ts_mov_b32 s15, s4
+\ts_addk_i32 s15, 0xfff0
+\tv_mov_b32_e32 v26, s12
+\tv_mov_b32_e32 v27, s14
+\tv_mov_b32_e32 v28, s15""",
         [("v20", lambda e: np.full(64, int(e["s"][2] < 0x200), U32)),
          ("v21", lambda e: np.full(64, int(e["s"][2] > 0x200), U32)),
          ("v22", lambda e: mask_bits((e["a"] > e["b"]) & (((0x00ff00ff0f0f0f0f >> LANE.astype(np.uint64)) & 1) == 1))),
          ("v23", lambda e: np.where((LANE < 16) | ((LANE >= 24) & (LANE < 33)), 7, 0).astype(U32)),
-         ("v24", lambda e: np.full(64, 0xFFFF, U32)), ("v25", lambda e: np.zeros(64, U32))]),
+         ("v24", lambda e: np.full(64, 0xFFFF, U32)), ("v25", lambda e: np.zeros(64, U32)),
+         # s_cmpk_lg_i32: SCC = S0 != sext(simm16); s_addk_i32: S0 += sext(simm16) (0xfff0: -16)
+         ("v26", lambda e: np.full(64, int(int(e["s"][2]) != 0x200), U32)),
+         ("v27", lambda e: np.zeros(64, U32)),
+         ("v28", lambda e: np.full(64, (int(e["s"][0]) - 16) & M32, U32))]),
 }
 
 
@@ -461,6 +478,7 @@ LOADS = [  # (asm, result registers, voffset register, voffset per lane, width, 
     # lanes 51.. wholly out of range, none partly (the loads take whole lanes then)
     ("buffer_load_dwordx4 v[20:23], v12, s[8:11], 0 offen sc0 sc1", "v[20:23]", 160, 16, 0),
     ("buffer_load_dwordx2 v[20:21], v12, s[8:11], 0 offen offset:8", "v[20:21]", 136, 8, 8),
+    ("buffer_load_dwordx2 v[20:21], v12, s[8:11], 0 offen", "v[20:21]", 24, 8, 0),
     ("buffer_load_ubyte v20, v12, s[8:11], 0 offen offset:2 sc1", "v20", 3, 1, 2),
     ("buffer_load_ubyte v20, v12, s[8:11], 0 offen sc1", "v20", 127, 1, 0),
 ]
@@ -496,7 +514,7 @@ def test_buffer_load_forms(arch, load):
 
 
 def test_buffer_store_forms():
-    """MUBUF raw stores (offen, offset, sc1): bytes, dwords, x2, x4 at per-lane offsets."""
+    """MUBUF raw stores (offen, offset, sc1): bytes, shorts, dwords, x2, x4 at per-lane offsets."""
     out = np.zeros(4096, U32)
     stores = [  # (asm, voffset stride, bytes written, instruction offset)
         ("buffer_store_byte v20, v12, s[8:11], 0 offen sc1", 1, 1, 0),
@@ -505,6 +523,8 @@ def test_buffer_store_forms():
         ("buffer_store_dwordx2 v[20:21], v12, s[8:11], 0 offen sc1", 8, 8, 768),
         ("buffer_store_dwordx4 v[20:23], v12, s[8:11], 0 offen offset:16 sc1", 16, 16, 1280),
         ("buffer_store_dwordx4 v[20:23], v12, s[8:11], 0 offen sc1", 16, 16, 2560),
+        ("buffer_store_short v20, v12, s[8:11], 0 offen sc1", 2, 2, 3584),
+        ("buffer_store_dwordx2 v[20:21], v12, s[8:11], 0 offen", 8, 8, 3840),
     ]
     body = """
 \ts_load_dwordx2 s[2:3], s[0:1], 0x0
