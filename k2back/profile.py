@@ -180,11 +180,10 @@ def cta_tasks(spec) -> dict[int, list[tuple[str, int, int]]]:
 
 
 def stamps_written(spec) -> int:
-    """Stamps a launch of a timeline build writes: the start of each CTA that stamps
-    it (KernelSpec.start_stamps), each task's end and the end of each of its flag
-    waits."""
+    """Stamps a launch of a timeline build writes: each task's record holds the
+    CTA's start and the task's end, and the end of its flag wait if it waits."""
     tasks = [(stage, nth) for runs in cta_tasks(spec).values() for stage, _, nth in runs]
-    return spec.start_stamps + len(tasks) + sum(waits_on_flags(*t) for t in tasks)
+    return 2 * len(tasks) + sum(waits_on_flags(*t) for t in tasks)
 
 
 def stamped_tasks(spec, scratch, tick_hz: float, origin: int | None = None) -> list[StampedTask]:
@@ -201,9 +200,15 @@ def stamped_tasks(spec, scratch, tick_hz: float, origin: int | None = None) -> l
 
     rows = (spec.view(scratch, "timeline", torch.int32, (spec.blocks, -1)).cpu().long() & 0xFFFFFFFF).tolist()
     runs = cta_tasks(spec)
+
+    def stamp(cta: int, stage: str, nth: int, kind: str) -> int:
+        return rows[cta][spec.stamp_rows[stage][0] + nth * len(TASK_STAMPS) + TASK_STAMPS.index(kind)]
+
+    starts = {cta: stamp(cta, stage, nth, "start")  # in every record: the first task's
+              for cta, ((stage, _, nth), *_) in runs.items()}
     if origin is None:
-        first = rows[min(runs)][0]
-        origin = min((rows[c][0] - first + 2**31) % 2**32 - 2**31 for c in runs) + first
+        first = starts[min(starts)]
+        origin = min((t - first + 2**31) % 2**32 - 2**31 for t in starts.values()) + first
     ns = 1e9 / tick_hz
 
     def at(ticks: int) -> float:
@@ -211,10 +216,9 @@ def stamped_tasks(spec, scratch, tick_hz: float, origin: int | None = None) -> l
 
     out = []
     for cta, tasks in runs.items():
-        begin = at(rows[cta][0])
+        begin = at(starts[cta])
         for stage, task, nth in tasks:
-            slot = spec.stamp_rows[stage][0] + nth * len(TASK_STAMPS)
-            wait, end = (rows[cta][slot + TASK_STAMPS.index(k)] for k in ("wait", "end"))
+            wait, end = (stamp(cta, stage, nth, k) for k in ("wait", "end"))
             out.append(StampedTask(cta, stage, task, begin,
                                    at(wait) if waits_on_flags(stage, nth) else None, at(end)))
             begin = at(end)

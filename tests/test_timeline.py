@@ -9,6 +9,7 @@ reference's numbers."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -16,7 +17,10 @@ import torch
 
 from k2back import ops, profile
 from k2back.codegen import plan as plan_module
+from k2back.codegen.compiler import compile as compile_source
 from k2back.codegen.plan import TASK_STAMPS, plan
+from k2back.codegen.render import KernelSource
+from k2back.codegen.targets import ARCHS
 from k2back.config import Config
 from k2back.emu.timing_parts import part
 from k2back.profile import (
@@ -33,7 +37,7 @@ from k2back.testing import compare, launch_results, make_inputs, reference_of
 
 CONFIG = ("tiny", 4, 3, 2)
 # A task begins at the CTA's previous stamp (the previous task's end, or its start in
-# the epoch's thread-0 block); the emulator's span of a stage begins at the stage's
+# the epoch's thread-0 block, in each of its records); the emulator's span of a stage begins at the stage's
 # first block: between them run the task loop's control, the GEMV slot predicates and,
 # for a CTA's first stage, the end of the epoch protocol; a task's end is stamped
 # before its last barrier. A stamp ticks at 100 MHz. Seen: at most 141 ns (gfx950)
@@ -50,18 +54,16 @@ def test_timeline_is_a_build_option_with_its_own_name_key_and_region(arch):
     region = stamped.region("timeline")
     assert region.offset >= plain.scratch_bytes and region.offset + region.bytes <= stamped.scratch_bytes
     assert region.bytes == stamped.blocks * stamped.stamp_row_bytes
-    # the CTA's start and every stamp of every task of every CTA have their own slot in the row
-    seen, busy = set(), set()
+    # every stamp of every task of every CTA has its own slot in the row
+    seen = set()
     for stage in STAGES:
         tasks, first, spread = stamped.stage_tasks[stage]
         for t, kind in itertools.product(range(tasks), TASK_STAMPS):
             cta, nth = (first + t % spread) % stamped.blocks, t // spread
             at = stamped.stamp_at(stage, kind) + nth * stamped.stamp_record_bytes
-            assert plan_module.STAMP_BYTES <= at < stamped.stamp_row_bytes
+            assert 0 <= at < stamped.stamp_row_bytes and at % plan_module.STAMP_BYTES == 0
             seen.add(cta * stamped.stamp_row_bytes + at)
-            busy.add(cta)
     assert len(seen) == sum(stamped.stage_tasks[s][0] for s in STAGES) * len(TASK_STAMPS)
-    assert busy == set(range(stamped.busy_ctas))  # the CTAs that stamp their start
 
 
 def test_reading_stamps_of_a_plain_build_names_the_problem():
@@ -77,10 +79,11 @@ def test_stamps_are_read_modulo_the_counter_wrap():
     base = 2**32 - 150  # a GPU counter about to wrap: stamps after it read small
     for cta, tasks in profile.cta_tasks(spec).items():
         ticks = [base + 10 * cta + 20 * i for i in range(1 + 2 * len(tasks))]
-        row = [ticks[0]] + [0] * (rows.shape[1] - 1)
+        row = [0] * rows.shape[1]
         for i, (stage, _, nth) in enumerate(tasks):
             slot = spec.stamp_rows[stage][0] + nth * len(TASK_STAMPS)
-            row[slot], row[slot + 1] = ticks[1 + 2 * i], ticks[2 + 2 * i]
+            for kind, tick in zip(("start", "wait", "end"), (ticks[0], ticks[1 + 2 * i], ticks[2 + 2 * i])):
+                row[slot + TASK_STAMPS.index(kind)] = tick
         rows[cta] = torch.tensor([(t + 2**31) % 2**32 - 2**31 for t in row], dtype=torch.int32)
     tasks = stamped_tasks(spec, scratch, 100e6)
     first = min(tasks, key=lambda t: (t.cta, t.begin_ns))
@@ -139,3 +142,25 @@ def test_stamped_kernel_in_timing_mode(arch, monkeypatch):
     monkeypatch.setattr(plan_module, "TASK_STAMPS", TASK_STAMPS[::-1])
     with pytest.raises(AssertionError):
         check_against_spans(spec, scratch, stats)
+
+
+@pytest.mark.kernel
+def test_stamped_kernel_of_several_tasks_a_cta(arch="gfx950"):
+    """A grid of 4 CTAs: each runs several tasks of a stage (the split and combine
+    loops, two wo_a and two wo_b slots, wo_b's second without a wait); each task's
+    record is its own and holds the CTA's start. (gfx942 not: there CTA 0's first
+    wo_a task begins, at combine's end, 1.15 us before the emulator's wo_a span does,
+    with the stamps of before the records too: a question of the span attribution.)"""
+    spec = plan(*CONFIG, arch, target=dataclasses.replace(ARCHS[arch], blocks=4), timeline=True)
+    assert (spec.wo_a.per_cta, spec.wo_b.per_cta) == (2, 2)
+    assert max(len(tasks) for tasks in profile.cta_tasks(spec).values()) == 7
+    inputs = make_inputs(*CONFIG, seed=5, arch=spec.arch, swa_fp8=spec.swa_fp8, comp_fp8=spec.comp_fp8)
+    scratch = new_scratch(spec, "cpu")
+    out, stats = emulate(spec, compile_source(KernelSource(spec)), inputs, scratch=scratch)
+    for name, pair in launch_results(spec, scratch, out, reference_of(spec, inputs)).items():
+        compare(name, *pair)
+    check_against_spans(spec, scratch, stats)
+    rows = spec.view(scratch, "timeline", torch.int32, (spec.blocks, -1))
+    for cta, tasks in profile.cta_tasks(spec).items():
+        starts = {rows[cta, spec.stamp_rows[stage][0] + nth * len(TASK_STAMPS)].item() for stage, _, nth in tasks}
+        assert len(starts) == 1, f"CTA {cta}: records of different starts {starts}"

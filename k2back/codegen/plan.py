@@ -25,12 +25,14 @@ the rounds 8.99 -> 8.35). The epoch moves on a CTA whose work ends first
 
 Build option `timeline` (name suffix `_timeline`, and the key: it is in the
 spec): a `timeline` scratch region, one row a CTA of u32 s_memrealtime stamps
-(the clock's low 32 bits; timeline.ll.j2). A row holds the CTA's start, then,
-stage after stage in the order above, one record a task the CTA may run (its
-kth task of the stage, k = 0, 1, ...), each TASK_STAMPS: the end of its flag
-wait (split tasks and wo_b's later tasks wait on none: that slot is not
-written) and its end. A task begins where the CTA's previous stamp (the
-previous task's end, or the start) was taken: the stamps chain.
+(the clock's low 32 bits; timeline.ll.j2). A row holds, stage after stage in
+the order above, one record a task the CTA may run (its kth task of the stage,
+k = 0, 1, ...), each TASK_STAMPS: the CTA's start (the same in each record: a
+record is written whole, in one store at the task's end), the task's end and
+the end of its flag wait (split tasks and wo_b's later tasks wait on none, and
+a wait polled by several waves is stamped apart: there the record's store
+leaves that slot). A CTA's first task begins at its start, a later one where
+the previous task ended: the stamps chain.
 """
 
 from __future__ import annotations
@@ -59,12 +61,8 @@ STEP_BYTES = 64  # k bytes one 16-B load a lane covers across the 4 lane groups
 THREADS_PER_TOKEN = 8  # GEMV epilogue threads a token of a 16-token tile
 REGION_ALIGN = 256
 FLAG_BYTES = 4
-TASK_STAMPS = ("wait", "end")  # a task's timeline stamps (s_memrealtime ticks, low 32 bits)
+TASK_STAMPS = ("start", "end", "wait")  # a task's record (s_memrealtime ticks, low 32 bits)
 STAMP_BYTES = 4
-# wave-instructions (gfx950 asm) of a CTA's start stamp, and of the test that keeps
-# the CTAs without tasks from stamping theirs (KernelSpec.start_stamps)
-START_STAMP_COST = 7
-BUSY_TEST_COST = 2
 MAX_X_STEPS = 16  # 16-B activation loads a lane holds at once (64 VGPRs)
 MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of tasks (128 VGPRs)
 # wo_a's weights stream from launch, beside the split's KV gathers on the critical path:
@@ -255,8 +253,8 @@ class KernelSpec:
     @property
     def stamp_rows(self) -> dict[str, tuple[int, int]]:
         """stage -> (slot of its first task record in a CTA's timeline row, task
-        records: the most tasks of the stage a CTA runs); slot 0 is the CTA's start."""
-        rows, slot = {}, 1
+        records: the most tasks of the stage a CTA runs)."""
+        rows, slot = {}, 0
         for stage, (tasks, _, spread) in self.stage_tasks.items():
             rows[stage] = (slot, math.ceil(tasks / spread))
             slot += rows[stage][1] * len(TASK_STAMPS)
@@ -265,7 +263,7 @@ class KernelSpec:
     @property
     def stamp_row_bytes(self) -> int:
         """Bytes of one CTA's row of the timeline region."""
-        return STAMP_BYTES + sum(n for _, n in self.stamp_rows.values()) * self.stamp_record_bytes
+        return sum(n for _, n in self.stamp_rows.values()) * self.stamp_record_bytes
 
     @property
     def stamp_record_bytes(self) -> int:
@@ -295,14 +293,6 @@ class KernelSpec:
         runs = [[stage for stage, (tasks, first, spread) in self.stage_tasks.items()
                  if (cta - first) % self.blocks < min(tasks, spread)] for cta in range(self.blocks)]
         return next((cta for cta, stages in enumerate(runs) if stages == ["split"]), 0)
-
-    @property
-    def start_stamps(self) -> int:
-        """CTAs 0 .. start_stamps - 1 stamp their start (a timeline build): the busy
-        ones, or every CTA where the test `bid < busy_ctas`, paid by every CTA,
-        would cost more than the idle CTAs' start stamps."""
-        idle = self.blocks - self.busy_ctas
-        return self.busy_ctas if idle * START_STAMP_COST > self.blocks * BUSY_TEST_COST else self.blocks
 
     def minimum_bytes(self, valid_keys: int) -> dict[str, int]:
         """SPEC §6, the bytes a launch must move at least: every weight byte and
