@@ -32,28 +32,37 @@ HANDOFFS = len(STAGES) - 1
 REGIONS = ("epoch", *STAGES)
 _BLOCK = re.compile(r";\s*%((?:" + "|".join(REGIONS) + r")\b[\w.]*)\s*$")
 _JOIN = re.compile(r"\.(end|skip)\b")  # a stage's exit blocks: LLVM may place them anywhere
+BETWEEN = "between"  # the region of a stage's exit blocks: no stage's work
 STAGE_COLOURS = {"epoch": "#9e9e9e", "split": "#4c72b0", "combine": "#dd8452",
-                 "wo_a": "#55a868", "wo_b": "#c44e52", "entry": "#cccccc"}
+                 "wo_a": "#55a868", "wo_b": "#c44e52", "entry": "#cccccc", BETWEEN: "#cccccc"}
 
 
 def stage_regions(asm: str):
-    """`regions(kernel)` for Machine: each instruction's stage (or "epoch" /
-    "entry"), from the IR block names LLVM prints beside the block labels (a
-    stage's exit blocks, `.end` / `.skip`, are not marks: they can land anywhere)."""
-    marks = [(number, found.group(1).split(".")[0])
-             for number, line in enumerate(asm.splitlines(), 1)
-             if line.startswith((".LBB", "; %bb")) and (found := _BLOCK.search(line))
-             and not _JOIN.search(found.group(1))]
+    """`regions(kernel)` for Machine: each instruction's region from the IR name
+    LLVM prints beside its block's label: a stage (or "epoch") for a block named
+    by it ("split.start", "wo_a.run.0" ...); BETWEEN for a stage's exits
+    (`.end` / `.skip`: their code is the way to whatever runs next); None for
+    inlined blocks ("rec.swa.i"), which LLVM may lay out anywhere: a wave running
+    one stays in the region it last entered (timing.Timing)."""
+    labels = [(number, _region_of(line)) for number, line in enumerate(asm.splitlines(), 1)
+              if line.startswith((".LBB", "; %bb"))]
 
-    def regions(kernel) -> list[str]:
-        out, stage, i = [], "entry", 0
+    def regions(kernel) -> list[str | None]:
+        out, region, i = [], None, 0
         for ins in kernel.instructions:
-            while i < len(marks) and marks[i][0] < ins.line:
-                stage = marks[i][1]
+            while i < len(labels) and labels[i][0] < ins.line:
+                region = labels[i][1]
                 i += 1
-            out.append(stage)
+            out.append(region)
         return out
     return regions
+
+
+def _region_of(label: str) -> str | None:
+    found = _BLOCK.search(label)
+    if found is None:
+        return None
+    return BETWEEN if _JOIN.search(found.group(1)) else found.group(1).split(".")[0]
 
 
 @dataclasses.dataclass

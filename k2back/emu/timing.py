@@ -44,7 +44,8 @@ docs/timing-model.md); this module is only the mechanics that charge them:
   Cache and an acquire add up to the table's measured `handoff_ns`.
 - Barriers release at the last arrival's clock.
 
-Optional `regions` (a name per instruction, e.g. the kernel's stage) record
+Optional `regions` (a name per instruction, e.g. the kernel's stage; None: the
+wave stays in the region it is in, FIRST_REGION at its start) record
 `Stats.timeline`: per wave, (region, start, end) segments and waits (runs of
 s_sleep polls; barrier waits).
 """
@@ -65,6 +66,7 @@ from .timing_parts import part as part_of
 WINDOW_NS = 200.0  # how far a wave may run ahead of the next earliest before it yields
 BIN_NS = 32.0  # bandwidth accounting granularity
 POLL_GAP_NS = 2000.0  # sleeps closer than this belong to one wait
+FIRST_REGION = "entry"  # a wave's region until it runs an instruction of a named one
 SCALAR_LINE_BITS = 6  # 64-byte scalar cache lines (Part.sl1_line_bytes)
 LINE_BYTES = 1 << LINE_BITS
 
@@ -373,6 +375,10 @@ class Timing:
     def _note_region(self, w, region) -> None:
         key = (w.group.index, w.index)
         current = self.region_at.get(key)
+        if region is None:  # no region of its own: the wave stays in the one it is in
+            if current is not None:
+                return
+            region = FIRST_REGION
         if current is None or current[0] != region:
             if current is not None:
                 self.timeline[key].append(("run", current[0], current[1], self.t))
@@ -381,8 +387,9 @@ class Timing:
     def _note_wait(self, w, kind: str, start: float, end: float) -> None:
         if self.regions is None or end <= start:
             return
-        events = self.timeline[(w.group.index, w.index)]
-        region = self.regions[max(w.pc - 1, 0)]
+        key = (w.group.index, w.index)
+        events = self.timeline[key]
+        region = self.region_at.get(key, (FIRST_REGION,))[0]
         if events and events[-1][0] == kind and events[-1][1] == region and start - events[-1][3] < POLL_GAP_NS:
             events[-1] = (kind, region, events[-1][2], end)
         else:
