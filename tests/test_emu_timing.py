@@ -5,6 +5,8 @@ between XCDs), and a timed launch computes what an untimed one does."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -230,14 +232,13 @@ def test_clock_counters_read_the_modeled_clock(arch, counter):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_instructions_of_no_region_stay_in_the_waves_region(arch):
-    """`regions` None (profile: an inlined or exit block, which LLVM may lay out
-    anywhere) keeps a wave in the region it last entered; "entry" before any."""
-    body = "\n".join(["\ts_nop 0", "\tv_mov_b32_e32 v1, 1", "\ts_nop 0", "\ts_nop 0",
-                      "\tv_mov_b32_e32 v2, 2", "\ts_nop 0"])
+    """`regions` None (profile: an inlined block, which LLVM may lay out anywhere)
+    keeps a wave in the region it last entered; "entry" before any."""
+    body = "\ts_nop 0\n\tv_mov_b32_e32 v1, 1\n\ts_nop 0\n\ts_nop 0\n\tv_mov_b32_e32 v2, 2\n\ts_nop 0"
     names = [None, "a", None, None, "b", None, None]  # the last: s_endpgm
     machine = Machine(arch, timing=True, regions=lambda kernel: names[:len(kernel.instructions)])
     stats = machine.launch(handwritten(arch, body), "hand", grid=(1, 1, 1), block=(64, 1, 1),
                            kernargs=bytes(8))
     runs = [(region, start, end) for kind, region, start, end in stats.timeline[(0, 0)] if kind == "run"]
     assert [region for region, _, _ in runs] == ["entry", "a", "b"]
-    assert all(a[2] == b[1] for a, b in zip(runs, runs[1:]))  # one after the other, no gap
+    assert all(a[2] == b[1] for a, b in itertools.pairwise(runs))  # one after the other, no gap
