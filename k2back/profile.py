@@ -109,18 +109,13 @@ def cta_events(timeline: dict) -> dict[int, dict]:
     return ctas
 
 
-def stage_ctas(spec, name: str) -> set[int]:
-    """The CTAs that run tasks of stage `name` (spec.task_cta)."""
-    return {spec.task_cta(name, t)[0] for t in range(spec.stage_tasks[name][0])}
-
-
 def stage_table(spec, ctas: dict) -> list[Stage]:
     """Per stage, over the CTAs that run its tasks: first start, last end, flag
     waits (mean over those that polled, and the longest)."""
     rows = []
     for name in STAGES:
         tasks = spec.stage_tasks[name][0]
-        workers = stage_ctas(spec, name) & ctas.keys()
+        workers = spec.stage_ctas(name) & ctas.keys()
         runs = [(s, e) for g in workers for region, s, e in ctas[g]["run"] if region == name]
         waits = [w for g in workers
                  if (w := sum(e - s for region, s, e in ctas[g]["wait"] if region == name))]

@@ -101,10 +101,8 @@ def test_wo_b_weights_stream_once_the_split_is_done(arch, tokens):
     wo_a work (a split CTA's task ends before wo_b's weights stream: they await
     every split flag), all of a CTA's wo_b weights in flight before its first poll."""
     spec = plan("v4.1-flash", 4, tokens, 2, arch)
-    earlier = {spec.task_cta(stage, task)[0] for stage in ("combine", "wo_a")
-               for task in range(spec.stage_tasks[stage][0])}
-    wo_b = {spec.task_cta("wo_b", task)[0] for task in range(spec.wo_b.tasks)}
-    assert not wo_b & earlier and spec.wo_b.after_split and spec.wo_b.batch
+    earlier = spec.stage_ctas("combine") | spec.stage_ctas("wo_a")
+    assert not spec.stage_ctas("wo_b") & earlier and spec.wo_b.after_split and spec.wo_b.batch
 
 
 def test_minimum_bytes_matches_spec_example():

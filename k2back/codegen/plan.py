@@ -275,6 +275,10 @@ class KernelSpec:
         `stage`; its kth task's is k records further."""
         return (self.stamp_rows[stage][0] + TASK_STAMPS.index(kind)) * STAMP_BYTES
 
+    def stage_ctas(self, stage: str) -> set[int]:
+        """The CTAs that run tasks of `stage` (task_cta)."""
+        return {self.task_cta(stage, task)[0] for task in range(self.stage_tasks[stage][0])}
+
     @property
     def busy_ctas(self) -> int:
         """CTAs 0 .. busy_ctas - 1 run tasks, the rest none (the stages' task
@@ -290,9 +294,8 @@ class KernelSpec:
         split tasks only (wo_b may wrap onto the others), else CTA 0."""
         if self.busy_ctas < self.blocks:
             return self.busy_ctas
-        runs = [[stage for stage, (tasks, first, spread) in self.stage_tasks.items()
-                 if (cta - first) % self.blocks < min(tasks, spread)] for cta in range(self.blocks)]
-        return next((cta for cta, stages in enumerate(runs) if stages == ["split"]), 0)
+        later = set().union(*(self.stage_ctas(stage) for stage in self.stage_tasks if stage != "split"))
+        return min(self.stage_ctas("split") - later, default=0)
 
     def minimum_bytes(self, valid_keys: int) -> dict[str, int]:
         """SPEC §6, the bytes a launch must move at least: every weight byte and

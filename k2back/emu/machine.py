@@ -474,7 +474,7 @@ class Machine:
         batchable, _, jumps, by_group = steps
         touches, effects = scoreboard.touches, scoreboard.effects
         count = len(at)
-        runs = group_runs = None  # its batches (of one workgroup each), made at first need
+        runs = [None, None]  # its batches [across workgroups, of one workgroup each], made at first need
         limit = min(budget[w] for w in at)  # steps before the first wave's quantum ends
         pending = _pending(at)
         stopped, performed, taken, batched, batches = {}, set(), 0, 0, 0
@@ -488,14 +488,10 @@ class Machine:
                             scoreboard.check(w, pc)
                 taken += 1
                 if count > 1 and batchable[pc]:
-                    if by_group[pc]:
-                        group_runs = group_runs or _contiguous(grid, at, by_group=True)
-                        self._run_batched(group_runs, code[pc], kernel, pc)
-                        batches += len(group_runs)
-                    else:
-                        runs = runs or _contiguous(grid, at)
-                        self._run_batched(runs, code[pc], kernel, pc)
-                        batches += len(runs)
+                    within = by_group[pc]  # LDS, vector loads: a workgroup's own
+                    runs[within] = runs[within] or _contiguous(grid, at, by_group=within)
+                    self._run_batched(runs[within], code[pc], kernel, pc)
+                    batches += len(runs[within])
                     hits[pc] += count
                     batched += count
                     if effects[pc][2]:  # a load (LDS): its destinations are pending now
