@@ -53,7 +53,7 @@ from .memops import decode_buffer, decode_ds, decode_global, decode_smem
 from .memory import GlobalMemory
 from .operands import parse, scalar_reader, scalar_writer
 from .salu import decode_branch, decode_sop
-from .state import LANES, M64, Grid, Workgroup
+from .state import LANES, M64, SGPR_SLOTS, Grid, Workgroup
 from .valu import decode_valu
 
 ARCH_LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -292,6 +292,8 @@ class Machine:
                 self.memory.unmap(base)
         stats.stale_bytes, stats.written_back = mem.stale_bytes, mem.written_back
         self._finish(stats, classes, groups)
+        registers.release()
+        self._wake = {}
         return stats
 
     def _timing(self, kernel, classes, mem):
@@ -899,14 +901,12 @@ class LaunchSetup:
         execs = [M64 >> (LANES - min(LANES, self.threads - index * LANES)) for index in range(len(v0))]
         gx, gy, _ = self.grid
         grid, groups = Grid(len(order) * len(v0), self.vector_registers), []
+        grid.registers[:, 0] = np.tile(v0, (len(order), 1))
+        blank = [0] * (SGPR_SLOTS - len(user) - len(system))
         for linear in order:
             group_id = (linear % gx, (linear // gx) % gy, linear // (gx * gy))
-            group = Workgroup(linear, group_id, self.lds_bytes, mem.cu(linear), grid, execs)
-            group.registers[:, 0] = v0
-            sgprs = user + [group_id["xyz".index(axis)] for axis in system]
-            for w in group.waves:
-                w.s[: len(sgprs)] = sgprs
-            groups.append(group)
+            sgprs = user + [group_id["xyz".index(axis)] for axis in system] + blank
+            groups.append(Workgroup(linear, group_id, self.lds_bytes, mem.cu(linear), grid, execs, sgprs))
         return groups, grid
 
     def _work_item_ids(self, components: int) -> np.ndarray:

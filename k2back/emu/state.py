@@ -85,11 +85,11 @@ class Wave:
 
     waves = None  # not a Batch
 
-    def __init__(self, group, index: int, slot: int, registers: np.ndarray, exec_mask: int = M64):
-        self.s = [0] * SGPR_SLOTS
-        self.r = registers  # its rows of the launch's register array (Grid)
-        self.f = self.r.view(np.float32)  # the same registers seen as f32 / i32 lanes
-        self.i = self.r.view(np.int32)
+    def __init__(self, group, index: int, slot: int, rows, exec_mask: int, sgprs: list[int]):
+        """`rows`: its vector registers as u32, f32 and i32 views (Grid.rows);
+        `sgprs`: its initial scalar file (copied)."""
+        self.s = sgprs.copy()
+        self.r, self.f, self.i = rows  # its rows of the launch's register array (Grid)
         self.scc = 0
         self.pc = 0
         self.group = group
@@ -126,12 +126,14 @@ class Grid:
     64] in the workgroups' scheduling order, so that a run of waves at the same
     instruction, of one workgroup or of several, executes it once (Batch)."""
 
-    __slots__ = ("batches", "registers", "waves")
+    __slots__ = ("batches", "registers", "rows", "waves")
 
     def __init__(self, waves: int, vector_registers: int):
         self.registers = np.zeros((waves, vector_registers, LANES), dtype=np.uint32)
         self.waves: list[Wave] = []  # by slot
         self.batches = {}  # (first slot, last slot + 1) -> Batch
+        # each wave's registers seen as u32, f32 and i32 lanes, in slot order (made in bulk)
+        self.rows = zip(self.registers, self.registers.view(np.float32), self.registers.view(np.int32))
 
     def batch(self, first: int, stop: int) -> Batch:
         """The waves in slots first..stop-1 as one Batch (made once)."""
@@ -140,24 +142,31 @@ class Grid:
             batch = self.batches[first, stop] = Batch(self, first, stop)
         return batch
 
+    def release(self) -> None:
+        """At the launch's end: drop the references of its waves to their workgroups
+        (the cycles of its state), so that reference counting frees it at once; the
+        cycle collector would walk every wave of a big grid, costlier than the launch."""
+        for w in self.waves:
+            w.group = None
+        self.batches.clear()
+
 
 class Workgroup:
     """Its waves' vector registers are consecutive rows of the launch's Grid."""
 
-    __slots__ = ("arrived", "cu", "exec_epoch", "id", "index", "lds", "registers", "waves")
+    __slots__ = ("arrived", "cu", "exec_epoch", "id", "index", "lds", "waves")
 
     def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int, cu, grid: Grid,
-                 execs: list[int]):
-        """Workgroup `index` of waves with initial exec masks `execs`."""
+                 execs: list[int], sgprs: list[int]):
+        """Workgroup `index` of waves with initial exec masks `execs` and scalar files `sgprs`."""
         self.index = index
         self.cu = cu  # its compute unit's caches (coherence.Cu)
         self.id = group_id
         self.lds = np.zeros(max(lds_bytes, 4), dtype=np.uint8)
         first = len(grid.waves)
-        self.registers = grid.registers[first:first + len(execs)]
         self.exec_epoch = 0  # counts exec writes of its waves (Batch.read_exec)
-        self.waves: list[Wave] = [Wave(self, i, first + i, self.registers[i], exec_mask)
-                                  for i, exec_mask in enumerate(execs)]
+        self.waves: list[Wave] = [Wave(self, i, first + i, rows, exec_mask, sgprs)
+                                  for i, (exec_mask, rows) in enumerate(zip(execs, grid.rows))]
         grid.waves += self.waves
         self.arrived = 0
 
