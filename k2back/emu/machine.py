@@ -751,7 +751,7 @@ def decode_control(ins, ctx):
         def wait(w):
             if vm is not None and len(w.vm) > vm and inflight.retire_vm(w, vm, mem, progress):
                 return "retry"
-            if lgkm is not None:
+            if lgkm is not None and (w.lds or w.smem):
                 inflight.retire_lgkm(w, lgkm, progress)
         return wait
     if name in ("s_nop", "s_setprio", "s_icache_inv"):
@@ -771,8 +771,10 @@ def decode_control(ins, ctx):
         def end(w):
             if w.vm and inflight.retire_vm(w, 0, ctx.mem, ctx.progress):
                 return "retry"  # its stores still perform, one at a time
-            inflight.retire_lgkm(w, 0, ctx.progress)
-            ctx.mem.unpoll(w)
+            if w.lds or w.smem:
+                inflight.retire_lgkm(w, 0, ctx.progress)
+            if w.polled_lines:
+                ctx.mem.unpoll(w)
             w.done = True
             ctx.progress()
             _release_if_complete(w.group, ctx)

@@ -117,6 +117,19 @@ def _scalar_source(op: Operand, bits: int, where: str):
     return lambda w: w.s[i]
 
 
+def sgpr_or_constant(op: Operand, bits: int) -> tuple[int | None, int | None]:
+    """(its SGPR, None) for a 32-bit SGPR operand, (None, its bits) for a constant
+    one, (None, None) for any other (a pair, exec): what a closure may read from
+    the wave's SGPR list itself instead of through `scalar_reader`."""
+    if bits != 32 or op.neg or op.abs:
+        return None, None
+    if op.file == "s":
+        return op.index, None
+    if op.file == "const":
+        return None, _constant_bits(op, bits, np.dtype(np.uint32))
+    return None, None
+
+
 def scalar_writer(op: Operand, bits: int, where: str):
     """fn(wave, int) storing the low `bits` bits into SGPRs or exec."""
     _plain(op, where)

@@ -225,7 +225,6 @@ class _BatchScalars:
 
 def _agreed(values: list):
     first = values[0]
-    for value in values:
-        if value != first:
-            return np.array(values, np.uint64).reshape(-1, 1)
-    return first
+    if values.count(first) == len(values):
+        return first
+    return np.array(values, np.uint64).reshape(-1, 1)
