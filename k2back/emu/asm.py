@@ -7,6 +7,7 @@ modifiers, source line), its labels, and its `.amdhsa_*` directives.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 from k2back.amdhsa import MetadataError, parse_directives
@@ -87,8 +88,10 @@ def _strip(line: str) -> str:
     return line.split(";", 1)[0].strip()
 
 
+@functools.lru_cache(maxsize=16)
 def parse_kernel(asm: str, name: str) -> Kernel:
-    """The instructions between `name:` and the end of its function, and its directives."""
+    """The instructions between `name:` and the end of its function, and its
+    directives (parsed once a text: tests launch the same code object often)."""
     lines = asm.splitlines()
     try:
         start = next(i for i, raw in enumerate(lines) if _strip(raw) == f"{name}:")
