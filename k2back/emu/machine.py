@@ -473,7 +473,7 @@ class Machine:
         performed stores).
         A batched step leaves the waves' `pc` behind (no batchable closure reads
         it) until an unbatched step or the end of the cohort."""
-        batchable, _, jumps, by_group = steps
+        batchable, stops, jumps, by_group = steps
         touches, effects = scoreboard.touches, scoreboard.effects
         count = len(at)
         runs = [None, None]  # its batches [across workgroups, of one workgroup each], made at first need
@@ -516,7 +516,8 @@ class Machine:
                             budget[who] += 1
                         stopped[who] = signal
                 hits[pc] += count
-                pending = _pending(at)
+                if stops[pc]:  # a memory or synchronising instruction may issue or retire loads
+                    pending = _pending(at)
                 if stopped or performed or taken == limit:
                     pc = None
                     break
