@@ -231,6 +231,10 @@ def test_split_instruction_choice(arch):
     assert "scratch_" not in asm
     # gfx950 dequantizes a byte pair in one op
     assert ("v_cvt_scalef32_pk_bf16_fp8" in asm) == spec.target.scaled_convert == (arch == "gfx950")
+    # the butterflies across rows (the scores' max, the softmax's sums): gfx950 swaps
+    # rows in a VALU op, gfx942 goes through LDS
+    swaps = "v_permlane16_swap_b32" in asm and "v_permlane32_swap_b32" in asm
+    assert swaps == spec.target.permlane_swap == (arch == "gfx950")
 
 
 def test_kernel_key_covers_the_arch_facts():

@@ -304,6 +304,15 @@ ALU_CASES = {
          ("v26", lambda e: np.full(64, int(int(e["s"][2]) != 0x200), U32)),
          ("v27", lambda e: np.zeros(64, U32)),
          ("v28", lambda e: np.full(64, (int(e["s"][0]) - 16) & M32, U32))]),
+    "packed f32 with the inline constant 0 (op_sel_hi:[1,0]) and an SGPR pair's low dword": (
+        """
+\tv_pk_add_f32 v[20:21], v[3:4], 0 op_sel_hi:[1,0]
+\tv_pk_mul_f32 v[22:23], s[4:5], v[3:4] op_sel_hi:[0,1]""",
+        # 0 is +0.0 in both halves (-0.0 + 0 = +0.0); op_sel_hi bit 0 clear: s4 in both
+        [("v20", lambda e: e["x"] + F32(0.0)),
+         ("v21", lambda e: e["y"] + F32(0.0)),
+         ("v22", lambda e: e["s"][:1].view(F32)[0] * e["x"]),
+         ("v23", lambda e: e["s"][:1].view(F32)[0] * e["y"])]),
 }
 
 

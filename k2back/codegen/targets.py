@@ -19,6 +19,7 @@ class ArchInfo:
     fp8_fnuz: bool  # hardware fp8 is FNUZ e4m3 (gfx942), else OCP e4m3fn
     scaled_mfma: bool  # v_mfma_scale_f32_16x16x128_f8f6f4: OCP fp8 with E8M0 block scales
     scaled_convert: bool  # v_cvt_scalef32_pk_bf16_fp8: two OCP fp8 times 2^(exponent of an f32)
+    permlane_swap: bool  # v_permlane16/32_swap_b32: a VALU op exchanges rows / halves of two VGPRs
 
     @property
     def ocp_per_hw(self) -> int:
@@ -36,9 +37,9 @@ ARCHS: dict[str, ArchInfo] = {
     a.name: a
     for a in (
         ArchInfo("gfx942", blocks=304, lds_budget=64 * 1024, mfma_k=4, fp8_fnuz=True,
-                 scaled_mfma=False, scaled_convert=False),
+                 scaled_mfma=False, scaled_convert=False, permlane_swap=False),
         ArchInfo("gfx950", blocks=256, lds_budget=160 * 1024, mfma_k=8, fp8_fnuz=False,
-                 scaled_mfma=True, scaled_convert=True),
+                 scaled_mfma=True, scaled_convert=True, permlane_swap=True),
     )
 }
 
