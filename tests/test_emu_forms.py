@@ -816,3 +816,35 @@ def test_batched_dpp_readfirstlane_and_pk16_under_per_wave_exec(arch):
     first = np.where(wave < 7, 9 * wave + 1, 0)  # the first active lane (wave 7: none, lane 0)
     got = batched[INPUT_DWORDS + THREADS * 3:INPUT_DWORDS + THREADS * 4].reshape(8, 64)
     np.testing.assert_array_equal(got, np.repeat(v5.reshape(8, 64)[np.arange(8), first][:, None], 64, 1))
+
+
+# the GEMV epilogue's amax butterfly (arch.dpp_fmax): the DPP move folded into the max,
+# no old value (bound_ctrl:1; these controls read a lane of the row for every lane)
+DPP_MAX_FORMS = """
+\ts_nop 1
+\tv_max_f32_dpp v20, v3, v3 quad_perm:[1,0,3,2] row_mask:0xf bank_mask:0xf bound_ctrl:1
+\tv_max_f32_dpp v21, v4, v3 quad_perm:[2,3,0,1] row_mask:0xf bank_mask:0xf bound_ctrl:1
+\tv_mov_b32_dpp v22, v1 row_half_mirror row_mask:0xf bank_mask:0xf bound_ctrl:1"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_dpp_max_forms(arch):
+    """DPP on src0 (ISA 'Data-parallel processing'): lane l reads src0 of lane
+    quad_perm[l % 4] of its quad, or of lane 7 - l % 8 of its half row (row_half_mirror)."""
+    env = inputs(33)
+    out = pack(env)
+    outputs = ("v20", "v21", "v22")
+    run_handwritten(arch, PROLOGUE + DPP_MAX_FORMS + "".join(store(r, 16 + i) for i, r in enumerate(outputs)), out)
+    quad = LANE & ~U32(3)
+    want = {"v20": isa_max(env["x"][quad | (LANE & U32(3)) ^ U32(1)], env["x"]).view(U32),
+            "v21": isa_max(env["y"][quad | (LANE & U32(3)) ^ U32(2)], env["x"]).view(U32),
+            "v22": env["a"][(LANE & ~U32(7)) | (U32(7) - (LANE & U32(7)))]}
+    for i, reg in enumerate(outputs):
+        got = out[64 * (16 + i):64 * (17 + i)]
+        np.testing.assert_array_equal(got, want[reg], err_msg=reg)
+    words = INPUT_DWORDS + THREADS * len(outputs)
+    body = wave_prologue() + DPP_MAX_FORMS + "".join(wave_store(r, i) for i, r in enumerate(outputs))
+    batched, stats = launch_waves(arch, body, words, batched=True)
+    alone, _ = launch_waves(arch, body, words, batched=False)
+    assert stats.batched > 0
+    np.testing.assert_array_equal(batched, alone)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from k2back.codegen.plan import plan
+from k2back.model import HEAD_DIM, NOPE_DIM
 from k2back.reference import attention_back
 from k2back.runtime import launch
 from k2back.runtime.emu import EmuBackend
@@ -91,3 +93,30 @@ def test_gemv_z_rounding_to_negative_zero(negative_zero):
                          backend=EmuBackend(fnuz_negative_zero=negative_zero))
     check(spec, scratch, out, want, ("x8b", "out"))
     assert not (spec.view(scratch, "x8b") == 0x80).any()
+
+
+@pytest.mark.parametrize("negative_zero", [0x00, 0x80])
+def test_combine_writes_no_fnuz_nan_byte(negative_zero):
+    """The GEMVs read XO's bytes as loaded: the combine stage (arch.fp8x4_encode)
+    must clear the 0x80 an FNUZ encoder may write for a negative value rounding to
+    zero. Partials of dim 5 of every 32 made negative and 2^-24 of their size: far
+    below their block's amax, every such XO byte of the nope dims (the rope dims'
+    are rotated back, mixing pairs) rounds to zero."""
+    from k2back.testing import live_chunks, reference_of, split_regions, stage_kernel
+
+    spec = plan("tiny", 2, 3, 2, "gfx942")
+    inputs = make_inputs("tiny", 2, 3, 2, seed=6, arch="gfx942")
+    want = reference_of(spec, inputs)
+    scratch = launch.new_scratch(spec, "cpu")
+    live = live_chunks(spec, inputs["key_len"])
+    stats, part = split_regions(spec, scratch)
+    tiny = want["chunk_partial"].clone()
+    tiny[..., 5::32] = -(tiny[..., 5::32].abs() + 1) * 2.0**-24
+    stats[live] = torch.stack([want["chunk_max"], want["chunk_sum"]], -1)[live]
+    part[live] = tiny[live]
+    EmuBackend(fnuz_negative_zero=negative_zero).run(
+        stage_kernel("combine", spec), spec, dict(inputs, out=torch.zeros(spec.tokens, 1, dtype=torch.bfloat16)),
+        scratch, inputs["qk_scale"], grid=(spec.attention.combine_tasks, 1, 1))
+    xo = spec.view(scratch, "xo", torch.uint8, (spec.tokens, spec.heads, HEAD_DIM))
+    assert (xo[..., :NOPE_DIM][..., 5::32] == 0).all()
+    assert not (xo == 0x80).any()

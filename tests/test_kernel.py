@@ -290,8 +290,10 @@ def test_gemv_stages(arch, tp, tokens):
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 def test_gemv_negative_zero_bytes(arch):
     """OCP −0 (0x80) is NaN to gfx942's FNUZ converter: weight bytes set to 0x80
-    at random (value 0 for the reference too) and every 0 byte of XO written as
-    0x80 (same value) must read as 0, or out is NaN."""
+    at random (value 0 for the reference too) must read as 0, or out is NaN. So
+    must every 0 byte of XO written as 0x80 (same value) where the converter is
+    OCP's; on FNUZ hardware the combine never writes one (gemv_launch stands in
+    for it: test_gemv_gfx942.py::test_combine_writes_no_fnuz_nan_byte)."""
     spec, kernel = build("tiny", 2, 3, 2, arch, GEMV)
     inputs = make_inputs("tiny", 2, 3, 2, seed=4, arch=arch)
     gen = torch.Generator().manual_seed(4)

@@ -150,6 +150,9 @@ class GemvStage:
     x_codes: str  # ... of their codes
     x_row: int  # bytes between consecutive tokens' activation rows
     tasks_per_group: int  # task // this = the group whose k activation columns a task reads
+    wait_flags: str  # scratch region of the flags of the tasks that write the activations ...
+    wait_span: int  # ... each of `wait_span` consecutive columns of a row (of a group's, wo_a) ...
+    wait_stride: int  # ... and the flags between one token's and the next's (0: one task, every token)
     red: int  # LDS offset of the cross-wave partial sums: f32 [k_waves][row tiles][64][4]
     red_wave: int  # LDS bytes of one wave's partial sums in red
     ep_threads: int  # threads of the epilogue: 8 a token of a 16-token tile, whole waves
@@ -157,6 +160,13 @@ class GemvStage:
     @property
     def row_tiles(self) -> int:
         return self.rows // TILE
+
+    @property
+    def wait_run(self) -> int:
+        """Producer tasks whose flags a wave awaits (a token's): those that wrote
+        its k share of the activations (gemv.await_share), one where a task's
+        columns hold several waves' shares."""
+        return max(1, self.k_steps * self.step // self.wait_span)
 
     @property
     def ep_rows(self) -> int:
@@ -445,6 +455,9 @@ def _gemv_stage(name: str, mma: GemvMma, tokens: int, tasks: int, first_cta: int
     k_waves, k_steps = _k_split(k, mma.code_steps)
     loads = rows // TILE * k_steps
     weight_rounds = max(n for n in range(1, weight_rounds + 1) if loads % n == 0)
+    share, span = k_steps * STEP_BYTES, operands["wait_span"]
+    _check("plan", name, f"a wave's k share ({share}) and a producer task's columns ({span}) "
+           "nested", share % span == 0 or span % share == 0)
     x_tiles, x_steps = _x_schedule(mma, tokens, k_steps, x_batch)
     # one x tile hides no MFMA latency itself: scale its products a step later
     # (two would: and late products would cost 4 VGPRs each)
@@ -480,7 +493,9 @@ def _gemv_stages(geo, rank: RankShape, tokens: int, att: AttentionPlan, blocks: 
         weight_rounds=WOA_WEIGHT_ROUNDS if attention_tasks + woa_tasks <= blocks else 1,
         x_batch=_x_batch(woa_steps, mma.code_steps, token_tiles, WOA_ROWS // TILE * woa_steps),
         weight="wo_a", weight_scale="wo_a_scale", x="xo", x_codes="xo_codes",
-        x_row=rank.q_cols, tasks_per_group=geo.o_rank // WOA_ROWS)
+        x_row=rank.q_cols, tasks_per_group=geo.o_rank // WOA_ROWS,
+        wait_flags="combine_flags", wait_span=geo.group_k // att.combine_tasks_per_group,
+        wait_stride=att.head_groups)
     _, wob_steps = _k_split(rank.o_rows, mma.code_steps)
     busy = attention_tasks + woa_tasks
     # free for wo_b: the CTAs after wo_a's, and those of the split tasks (CTAs 0 ..,
@@ -503,7 +518,8 @@ def _gemv_stages(geo, rank: RankShape, tokens: int, att: AttentionPlan, blocks: 
         rows=wob_rows, k=rank.o_rows,
         x_batch=_x_batch(wob_steps, mma.code_steps, token_tiles, wob_loads),
         weight="wo_b", weight_scale="wo_b_scale", x="x8b", x_codes="x8b_codes",
-        x_row=rank.o_rows, tasks_per_group=wob_tasks)
+        x_row=rank.o_rows, tasks_per_group=wob_tasks, wait_flags="wo_a_flags", wait_span=WOA_ROWS,
+        wait_stride=0)
     return wo_a, wo_b
 
 

@@ -748,8 +748,13 @@ def verify(config: Config, inputs: dict | None = None, *, seed: int = 0, kernel=
 
 def gemv_launch(spec, kernel, inputs: dict, want: dict, scratch: torch.Tensor, epoch: int, backend=None):
     """A GEMV-stages kernel, standing in for the attention stages: XO and its codes
-    from the reference, the epoch word, every combine flag holding this launch's tag."""
-    spec.view(scratch, "xo")[:] = want["xo"].reshape(-1)
+    from the reference (as the combine writes them: on FNUZ hardware OCP -0 as 0, as
+    arch.fp8x4_encode leaves it), the epoch word, every combine flag holding this
+    launch's tag."""
+    xo = want["xo"].reshape(-1).view(torch.uint8)
+    if spec.target.fp8_fnuz:
+        xo = torch.where(xo == F.OCP_NEGATIVE_ZERO, 0, xo).to(torch.uint8)
+    spec.view(scratch, "xo")[:] = xo
     spec.view(scratch, "xo_codes")[:] = want["xo_codes"].reshape(-1)
     spec.view(scratch, "epoch", torch.int32)[0] = epoch
     spec.view(scratch, "combine_flags", torch.int32)[:] = epoch + 1
