@@ -26,8 +26,10 @@ def test_every_stage_is_found_in_the_asm_in_order(arch):
     _, kernel = ops.kernel_for(Config("tiny", 4, 3, 2, arch))
     regions = stage_regions(kernel.asm)(asm_text.parse_kernel(kernel.asm, kernel.name))
     named = [r for r in regions if r in STAGES]  # not None (inlined blocks), "between", "epoch"
-    order = [r for i, r in enumerate(named) if r in STAGES and (i == 0 or named[i - 1] != r)]
-    assert order == list(STAGES)
+    # LLVM may lay a stage's short blocks (its task-slot choice) among the next
+    # stage's: an instruction's stage comes from its own block, so only the
+    # order in which the stages first appear is the template's.
+    assert list(dict.fromkeys(named)) == list(STAGES)
     for stage in STAGES:  # each stage's code holds its flag poll or its MFMAs
         assert regions.count(stage) > 20, stage
 
