@@ -89,10 +89,11 @@ def distinct(values: np.ndarray) -> np.ndarray:
 
 
 def among(values: np.ndarray, others: np.ndarray) -> np.ndarray:
-    """np.isin of int64 values, by a table when they lie close together."""
+    """np.isin of int64 values, by a table unless they lie far apart (a table of a
+    MiB costs less than isin's sort of a few thousand values)."""
     low = int(values.min())
     span = int(values.max()) - low + 1
-    if span > 4 * (values.size + others.size) + 4096:
+    if span > max(1 << 20, 64 * (values.size + others.size)):
         return np.isin(values, others)
     table = np.zeros(span, bool)
     others = others - low
