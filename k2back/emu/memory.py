@@ -34,10 +34,10 @@ class Region:
     written: int = 0
     touched: bool = False  # a store of the current launch wrote to it
     windows: dict = dataclasses.field(default_factory=dict, repr=False)  # size -> sliding_window_view
+    end: int = dataclasses.field(init=False)  # one past the last byte
 
-    @property
-    def end(self) -> int:
-        return self.base + self.data.size
+    def __post_init__(self):
+        self.end = self.base + self.data.size
 
     def rows(self, offsets: np.ndarray, size: int) -> np.ndarray:
         """uint8 [lanes, size]: the `size` bytes at each byte offset (all in range), copied."""
@@ -69,6 +69,7 @@ class GlobalMemory:
         self.regions: list[Region] = []
         self.bases: list[int] = []
         self._next = BASE_ADDRESS
+        self._last = None  # the region region_at found last: accesses come in runs on one buffer
 
     def map(self, array, name: str | None = None) -> int:
         data = byte_view(array)
@@ -78,11 +79,13 @@ class GlobalMemory:
         index = bisect.bisect(self.bases, base)
         self.regions.insert(index, region)
         self.bases.insert(index, base)
+        self._last = None
         return base
 
     def unmap(self, base: int) -> None:
         index = self.bases.index(base)
         del self.regions[index], self.bases[index]
+        self._last = None
 
     def region_of(self, address: int, size: int, who) -> Region:
         index = bisect.bisect(self.bases, address) - 1
@@ -94,9 +97,13 @@ class GlobalMemory:
 
     def region_at(self, address: int) -> Region | None:
         """The buffer mapped at `address`, or None."""
+        region = self._last
+        if region is not None and region.base <= address < region.end:
+            return region
         index = bisect.bisect(self.bases, address) - 1
         if index >= 0 and address < self.regions[index].end:
-            return self.regions[index]
+            self._last = self.regions[index]
+            return self._last
         return None
 
     def read_touched(self, addresses: np.ndarray, size: int, who) -> tuple[np.ndarray, bool]:
