@@ -550,12 +550,25 @@ class StrictMemory(IdealMemory):
         """Perform a store: dirty in the XCD's L2, seen by the CU's own L1 (write-
         through). Returns whether it reached a line some wave sleeps on."""
         l2 = cu.l2
-        lines = distinct(flat >> LINE_BITS) if l2.holders or l2.region_readers or self.polled else None
-        if l2.holders or l2.region_readers:
+        first, last = int(flat.min()) >> LINE_BITS, int(flat.max()) >> LINE_BITS
+        polled = any(first <= line <= last for line in self.polled)  # a flag's few lines
+        if polled or l2.holders or self._read_by_others(l2, first, last, cu.l1):
+            lines = distinct(flat >> LINE_BITS)
             self._save_lines(l2, lines, keep=cu.l1)
         l2.dirty.put(flat, values)
         cu.l1.copies.drop(flat)
-        return bool(self.polled) and self._reach_pollers(lines)
+        return polled and self._reach_pollers(lines)
+
+    def _read_by_others(self, l2, first: int, last: int, keep) -> bool:
+        """Whether a CU cache of `l2` other than `keep` may hold some of lines
+        first..last by having read their whole buffer (hold_region); False only
+        when it is sure (they lie in one buffer no other cache read whole)."""
+        if not l2.region_readers:
+            return False
+        region = self.memory.region_at(first << LINE_BITS)
+        if region is None or last << LINE_BITS >= region.end:
+            return True
+        return any(cache is not keep for cache in l2.region_readers.get(region.base, ()))
 
     def atomic(self, w, addresses, dtype, update, sources, who):
         """Performed at memory, after the XCD's own dirty copy of the bytes; the L1
@@ -599,12 +612,13 @@ class StrictMemory(IdealMemory):
                 l2.stale.put_later(waiting)
 
     def _save_lines(self, l2: L2, lines, keep) -> None:
-        """`l2`'s view of `lines` is about to change: the CU caches holding them (but
-        `keep`, whose copy follows the change) keep the lines as they were."""
+        """`l2`'s view of `lines` (ascending) is about to change: the CU caches
+        holding them (but `keep`, whose copy follows the change) keep the lines as
+        they were."""
+        if not len(lines) or not l2.holders and not self._read_by_others(l2, int(lines[0]), int(lines[-1]), keep):
+            return
         if not isinstance(lines, list):
             lines = lines.tolist()
-        if not lines:
-            return
         savers = {}  # line -> the caches that keep it (the order is immaterial: nothing
         if l2.holders:  # it does changes what another line's or cache's save sees)
             for line in lines:
