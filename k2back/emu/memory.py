@@ -69,7 +69,7 @@ class GlobalMemory:
         self.regions: list[Region] = []
         self.bases: list[int] = []
         self._next = BASE_ADDRESS
-        self._last = None  # the region region_at found last: accesses come in runs on one buffer
+        self._last = None  # the region last found: accesses come in runs on one buffer
 
     def map(self, array, name: str | None = None) -> int:
         data = byte_view(array)
@@ -88,10 +88,14 @@ class GlobalMemory:
         self._last = None
 
     def region_of(self, address: int, size: int, who) -> Region:
+        region = self._last
+        if region is not None and region.base <= address and address + size <= region.end:
+            return region
         index = bisect.bisect(self.bases, address) - 1
         if index >= 0:
             region = self.regions[index]
             if address + size <= region.end:
+                self._last = region
                 return region
         raise MemoryFault(f"unmapped global address 0x{address:x} (+{size} bytes) by {who()}")
 
