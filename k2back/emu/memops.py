@@ -151,6 +151,17 @@ def agreed(value):
     return value
 
 
+def agreed_sgprs(w, first: int, count: int) -> list[int]:
+    """SGPRs first..first+count-1 of a wave, or those a Batch's waves agree on (else
+    _PerWave): agreed(w.s[i]) for each, in one pass over the waves."""
+    if w.waves is None:
+        return w.s[first:first + count]
+    values = w.waves[0].s[first:first + count]
+    if any(v.s[first:first + count] != values for v in w.waves):
+        raise _PerWave
+    return values
+
+
 def owners(w):
     """The wave (position in a Batch) of each active lane, wave-major; None for a wave."""
     if w.waves is None:
@@ -313,9 +324,10 @@ def decode_buffer(ins, ctx):
     s0 = rsrc.index
 
     def locate(w, element: int, count: int):
-        """Lane start addresses [lanes] and None when every element is in range, else
-        (addresses [lanes, count], in-range [lanes, count]) of each element."""
-        word0, word1, records = (agreed(w.s[s0 + i]) for i in range(3))
+        """(lane start addresses [lanes], the lanes whose access is all in range or
+        None for every lane, None or when some lane's access is partly in range
+        (addresses [lanes, count], in-range [lanes, count]) of each element)."""
+        word0, word1, records = agreed_sgprs(w, s0, 3)
         base = word0 | ((word1 & 0xFFFF) << 32)
         stride = (word1 >> 16) & 0x3FFF
         sgpr_offset = agreed(soffset(w))
@@ -334,13 +346,15 @@ def decode_buffer(ins, ctx):
             raise UnsupportedInstruction(f"buffer range check with a nonzero soffset ({sgpr_offset}) "
                                          f"is not modelled ({ins.where()}, {w.name})")
         if lane_ok.all() if idxen else end <= records:
-            return (starts + start).astype(U64), None
+            return (starts + start).astype(U64), None, None
+        if idxen:  # a lane's elements are all in range or all out
+            return (starts + start).astype(U64), lane_ok, None
+        whole = starts + (inst_offset + element * count) <= records  # its last element is in range
+        if (whole == (starts + (inst_offset + element) <= records)).all():  # so is its first: all or none
+            return (starts + start).astype(U64), whole, None
         offsets = starts[:, None] + element * np.arange(count)
-        if lane_ok is not None:
-            in_range = np.broadcast_to(lane_ok[:, None], offsets.shape)
-        else:
-            in_range = offsets + inst_offset + element <= records
-        return (offsets + start).astype(U64), in_range
+        return (starts + start).astype(U64), whole, ((offsets + start).astype(U64),
+                                                     offsets + inst_offset + element <= records)
 
     if op == "atomic":
         return _buffer_atomic(ins, ctx, suffix, data_op, locate, counter)
@@ -352,31 +366,35 @@ def decode_buffer(ins, ctx):
 
     if op == "load":
         def load(w):
-            addresses, in_range = locate(w, element, count)
+            addresses, whole, parts = locate(w, element, count)
             lanes = owners(w)
-            if in_range is None:
+            if whole is None:
                 load_lanes(w, row, ctx.load(w, addresses, size, who(w, ins), through_l1, lanes), kind)
                 return
             data = np.zeros((addresses.shape[0], size), np.uint8)
-            whole = in_range.all(1)
-            if (whole == in_range.any(1)).all():  # each lane all in range or all out: whole lanes
+            if parts is None:  # each lane all in range or all out: whole lanes
                 if whole.any():  # (the same bytes, and lines, as element by element)
-                    data[whole] = ctx.load(w, addresses[whole, 0], size, who(w, ins), through_l1,
+                    data[whole] = ctx.load(w, addresses[whole], size, who(w, ins), through_l1,
                                            None if lanes is None else lanes[whole])
-            elif in_range.any():
-                data.reshape(addresses.shape + (element,))[in_range] = ctx.load(
-                    w, addresses[in_range], element, who(w, ins), through_l1,
-                    None if lanes is None else np.broadcast_to(lanes[:, None], in_range.shape)[in_range])
+            else:
+                elements, in_range = parts
+                if in_range.any():
+                    data.reshape(elements.shape + (element,))[in_range] = ctx.load(
+                        w, elements[in_range], element, who(w, ins), through_l1,
+                        None if lanes is None else np.broadcast_to(lanes[:, None], in_range.shape)[in_range])
             load_lanes(w, row, data, kind)
         return vmem_load(counter, load, ins, row_bits(row, registers(size)))
 
     def store(w):
-        addresses, in_range = locate(w, element, count)
-        if in_range is None:
-            ctx.store(w, ins, addresses, store_bytes(w, row, size, kind), who(w, ins))
+        addresses, whole, parts = locate(w, element, count)
+        data = store_bytes(w, row, size, kind)
+        if whole is None:
+            ctx.store(w, ins, addresses, data, who(w, ins))
+        elif parts is None:  # whole lanes (the same bytes as element by element)
+            ctx.store(w, ins, addresses[whole], data[whole], who(w, ins))
         else:
-            data = store_bytes(w, row, size, kind).reshape(addresses.shape + (element,))
-            ctx.store(w, ins, addresses[in_range], data[in_range], who(w, ins))
+            elements, in_range = parts
+            ctx.store(w, ins, elements[in_range], data.reshape(elements.shape + (element,))[in_range], who(w, ins))
     return vmem_store(counter, store, ins)
 
 
@@ -386,11 +404,9 @@ def _buffer_atomic(ins, ctx, name, data_op, locate, counter):
     row = ctx.vector_row(ctx.operand(data_op, ins), form.words * form.values, ins)
 
     def atomic(w):
-        addresses, in_range = locate(w, form.dtype.itemsize, 1)
+        addresses, in_range, _ = locate(w, form.dtype.itemsize, 1)  # one element: all or none
         if in_range is None:
             in_range = np.ones(addresses.size, bool)
-        else:
-            addresses, in_range = addresses[:, 0], in_range[:, 0]
         old = np.zeros(addresses.size, form.dtype)  # out of range: not performed, returns 0
         if in_range.any():
             sources = [s[in_range] for s in form.sources(w, row)]
