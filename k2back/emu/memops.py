@@ -509,6 +509,15 @@ def _lds_addresses(w, row, offset, size, ins):
     return addresses
 
 
+def _lds_rows(lds: np.ndarray, addresses: np.ndarray, size: int) -> np.ndarray:
+    """uint8 [lanes, size] of `lds` at byte `addresses` (_lds_addresses: in range,
+    dword-aligned when size >= 4, so then read a dword at a time)."""
+    if size % 4:
+        return lds[addresses[:, None] + np.arange(size)]
+    words = lds[:lds.size & ~3].view("<u4")
+    return words[(addresses >> 2)[:, None] + np.arange(size >> 2)].view(np.uint8)
+
+
 def decode_ds(ins, ctx):
     name = ins.mnemonic
     if name in CROSS_LANE_DS:
@@ -586,8 +595,7 @@ def _ds_move(ins, ctx, op, suffix):
             lds = w.group.lds
             # Both halves of a read2 are read before either is written: the
             # destination may overlap the address register.
-            data = [lds[_lds_addresses(w, addr_row, offset, size, ins)[:, None] + span]
-                    for offset in offsets]
+            data = [_lds_rows(lds, _lds_addresses(w, addr_row, offset, size, ins), size) for offset in offsets]
             for row, values in zip(data_rows, data):
                 load_lanes(w, row, values, kind)
                 stats.lds_read += values.size
