@@ -303,10 +303,12 @@ class Overlay:
         data[offsets] = values
         present[offsets] = True
 
-    def drop(self, flat: np.ndarray) -> None:
+    def drop(self, flat: np.ndarray, by_page=None) -> None:
+        """Hold nothing at `flat` (`by_page`: Overlay.by_page of it, when at hand)."""
         if not self:
             return
-        for page, _, offsets in self._by_page(flat):
+        for page, offsets in ([(page, offsets) for page, offsets, _, _ in by_page] if by_page is not None
+                              else [(page, offsets) for page, _, offsets in self._by_page(flat)]):
             entry = self._page(page)
             if entry is not None:
                 entry[1][offsets] = False
@@ -581,9 +583,9 @@ class StrictMemory(IdealMemory):
         self._write_back(l2, l2.dirty.take(flat))
         lines = np.unique(flat >> LINE_BITS)
         self._save_lines(l2, lines, keep=None)
-        self._memory_changes(flat, l2)
+        pages = self._memory_changes(flat, l2)
         old = self.memory.atomic(addresses, dtype, update, sources, who)
-        l2.stale.drop(flat)
+        l2.stale.drop(flat, pages)
         if self.polled:
             self._reach_pollers(lines)
         return old
@@ -598,18 +600,20 @@ class StrictMemory(IdealMemory):
         if taken is None:
             return
         flat, values = taken
-        self._memory_changes(flat, l2)
+        pages = self._memory_changes(flat, l2)
         self.memory.poke(flat, values)
-        l2.stale.drop(flat)  # its own copy is the new, clean line
+        l2.stale.drop(flat, pages)  # its own copy is the new, clean line
         self.written_back += flat.size
 
-    def _memory_changes(self, flat, source: L2) -> None:
+    def _memory_changes(self, flat, source: L2) -> list:
         """Memory's bytes at `flat` are about to change: every other L2 keeps them as
-        it saw them (its view does not move until it is invalidated)."""
+        it saw them (its view does not move until it is invalidated). Returns them
+        by page (Overlay.by_page)."""
         waiting = Overlay.by_page(flat, self.memory.peek(flat))
         for l2 in self.l2s:
             if l2 is not source:
                 l2.stale.put_later(waiting)
+        return waiting
 
     def _save_lines(self, l2: L2, lines, keep) -> None:
         """`l2`'s view of `lines` (ascending) is about to change: the CU caches
