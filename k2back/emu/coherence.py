@@ -258,9 +258,9 @@ class Overlay:
         if self.queued:
             self._place()
         for page, where, offsets in self._by_page(flat):
-            if missing_only and self.later:  # after the waiting ones (a plain put wins anyway)
+            if self.later:  # after the waiting ones
                 self._page(page)
-            self._put_page(page, offsets, values if where is None else values[where], missing_only)
+            self._put_page(page, offsets, values if where is None else values[where], True)
 
     @classmethod
     def by_page(cls, flat: np.ndarray, values: np.ndarray) -> list:

@@ -324,9 +324,10 @@ def decode_buffer(ins, ctx):
     s0 = rsrc.index
 
     def locate(w, element: int, count: int):
-        """(lane start addresses [lanes], the lanes whose access is all in range or
-        None for every lane, None or when some lane's access is partly in range
-        (addresses [lanes, count], in-range [lanes, count]) of each element)."""
+        """(the start address of each lane's access [lanes], which lanes' accesses
+        lie wholly in range (None: all), and only when some lane's access is partly
+        in range (addresses [lanes, count], in-range [lanes, count]) of each
+        element, else None)."""
         word0, word1, records = agreed_sgprs(w, s0, 3)
         base = word0 | ((word1 & 0xFFFF) << 32)
         stride = (word1 >> 16) & 0x3FFF
