@@ -121,7 +121,7 @@ def vmem_load(counter, access, ins, dst: int):
         waves = w.waves
         if waves is None:
             return alone(w)
-        if any(v.group is not w.group for v in waves):  # several workgroups: several CUs
+        if w.group is None:  # a batch of several workgroups: several CUs
             for v in waves:
                 alone(v)
             return
