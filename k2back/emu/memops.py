@@ -510,13 +510,19 @@ def _lds_addresses(w, row, offset, size, ins):
     return addresses
 
 
-def _lds_rows(lds: np.ndarray, addresses: np.ndarray, size: int) -> np.ndarray:
-    """uint8 [lanes, size] of `lds` at byte `addresses` (_lds_addresses: in range,
-    dword-aligned when size >= 4, so then read a dword at a time)."""
+def _lds_cells(lds: np.ndarray, addresses: np.ndarray, size: int):
+    """(`lds` as an array of cells, the cells [lanes, per lane] a `size`-byte access
+    at each byte address covers): dwords when size is a multiple of 4 (then
+    _lds_addresses checked them dword-aligned), else bytes."""
     if size % 4:
-        return lds[addresses[:, None] + np.arange(size)]
-    words = lds[:lds.size & ~3].view("<u4")
-    return words[(addresses >> 2)[:, None] + np.arange(size >> 2)].view(np.uint8)
+        return lds, addresses[:, None] + np.arange(size)
+    return lds[:lds.size & ~3].view("<u4"), (addresses >> 2)[:, None] + np.arange(size >> 2)
+
+
+def _lds_rows(lds: np.ndarray, addresses: np.ndarray, size: int) -> np.ndarray:
+    """uint8 [lanes, size] of `lds` at byte `addresses` (checked by _lds_addresses)."""
+    cells, where = _lds_cells(lds, addresses, size)
+    return cells[where].view(np.uint8)
 
 
 def decode_ds(ins, ctx):
@@ -581,7 +587,6 @@ def _ds_move(ins, ctx, op, suffix):
         addr, *datas = ins.operands
         data_rows = [ctx.vector_row(ctx.operand(d, ins), registers(size), ins) for d in datas]
     addr_row = ctx.vector_row(ctx.operand(addr, ins), 1, ins)
-    span = np.arange(size)
 
     if is_load:
         dst_bits = row_bits(data_rows[0], registers(size) * len(offsets))
@@ -607,10 +612,11 @@ def _ds_move(ins, ctx, op, suffix):
         if w.waves is None and not w.exec:
             inflight.issue_lds(w, ins)
             return
-        writes = [(_lds_addresses(w, addr_row, offset, size, ins)[:, None] + span,
-                   store_bytes(w, row, size, kind)) for row, offset in zip(data_rows, offsets)]
+        lds = w.group.lds
+        writes = [_lds_write(lds, _lds_addresses(w, addr_row, offset, size, ins), store_bytes(w, row, size, kind))
+                  for row, offset in zip(data_rows, offsets)]
         if w.waves is None:
-            inflight.issue_lds_store(w, ins, ctx.mem, _write_lds, (w.group.lds, writes, stats))
+            inflight.issue_lds_store(w, ins, ctx.mem, _write_lds, (writes, stats))
             return
         # a batch: each wave queues the stores of its own lanes, in wave order
         lanes = [LANES] * len(w.waves) if w.full else w.mask.sum(1).tolist()
@@ -619,16 +625,23 @@ def _ds_move(ins, ctx, op, suffix):
             if not v.exec:
                 inflight.issue_lds(v, ins)
                 continue
-            own = [(cells[start:start + count], data[start:start + count]) for cells, data in writes]
-            inflight.issue_lds_store(v, ins, ctx.mem, _write_lds, (w.group.lds, own, stats))
+            own = [(cells, where[start:start + count], data[start:start + count]) for cells, where, data in writes]
+            inflight.issue_lds_store(v, ins, ctx.mem, _write_lds, (own, stats))
             start += count
     return lds_store
 
 
-def _write_lds(lds, writes, stats) -> None:
-    for cells, data in writes:
-        lds[cells] = data
-        stats.lds_written += data.size
+def _lds_write(lds: np.ndarray, addresses: np.ndarray, data: np.ndarray):
+    """A store of uint8 data [lanes, size] at LDS byte `addresses` as _write_lds
+    takes it: (cells, which of them [lanes, per lane], their values)."""
+    cells, where = _lds_cells(lds, addresses, data.shape[1])
+    return cells, where, data.view(cells.dtype)
+
+
+def _write_lds(writes, stats) -> None:
+    for cells, where, data in writes:
+        cells[where] = data
+        stats.lds_written += data.nbytes
 
 
 def _ds_atomic(ins, ctx):
