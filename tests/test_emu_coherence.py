@@ -277,3 +277,57 @@ def test_among_is_isin():
             values = base + rng.integers(0, spread, int(rng.integers(1, 400)))
             others = base + rng.integers(-spread // 4, spread + spread // 4, int(rng.integers(1, 400)))
             np.testing.assert_array_equal(among(values, others), np.isin(values, others))
+
+
+def test_an_overlay_holds_what_a_byte_map_would():
+    """Overlay (pages, waiting missing-only puts, queued plain puts) against a dict of
+    address -> byte: after any mix of puts, reads, drops and takes it holds the same
+    bytes, and takes return the newest put of each address in address order."""
+    from k2back.emu.coherence import LINE_BITS, PAGE_BITS, Overlay
+
+    rng = np.random.default_rng(7)
+    span = 3 << PAGE_BITS
+    for trial in range(40):
+        overlay, held = Overlay(), {}
+        for step in range(60):
+            start = int(rng.integers(0, span - 600))
+            action = rng.choice(["put", "missing", "later", "apply", "drop", "drop_line", "take_line",
+                                 "take", "take_all", "lines"], p=[.3, .1, .1, .1, .1, .05, .05, .05, .1, .05])
+            # unsorted; a store's lanes may repeat an address, memory's bytes (a write-back's, a line's) not
+            flat = (1 << 20) + start + rng.choice(600, int(rng.integers(1, 300)), replace=action in ("put", "apply"))
+            values = rng.integers(0, 256, flat.size, dtype=np.uint8)
+            where = f"trial {trial} step {step} {action}"
+            if action == "put":
+                overlay.put(flat, values)
+                held.update(zip(flat.tolist(), values.tolist()))
+            elif action in ("missing", "later"):
+                if action == "later":
+                    overlay.put_later(Overlay.by_page(flat, values))
+                else:
+                    overlay.put(flat, values, missing_only=True)
+                for address, value in zip(flat.tolist(), values.tolist()):
+                    held.setdefault(address, value)
+            elif action == "apply":
+                seen = values.copy()
+                expect = np.array([held.get(a, v) for a, v in zip(flat.tolist(), values.tolist())], np.uint8)
+                assert overlay.apply(flat, seen) == sum(a in held for a in flat.tolist()), where
+                np.testing.assert_array_equal(seen, expect, err_msg=where)
+            elif action in ("drop", "drop_line", "take_line", "take", "take_all"):
+                if action.endswith("_line"):
+                    line = int(flat[0]) >> LINE_BITS
+                    gone = [a for a in held if a >> LINE_BITS == line]
+                    result = getattr(overlay, action)(line)
+                else:
+                    gone = list(held) if action == "take_all" else sorted(set(flat.tolist()) & held.keys())
+                    result = (overlay.take() if action == "take_all" else
+                              overlay.take(flat) if action == "take" else overlay.drop(flat))
+                taken = sorted((a, held.pop(a)) for a in gone)
+                if action.startswith("take"):
+                    assert (result is None) == (not taken), where
+                    if taken:
+                        np.testing.assert_array_equal(np.sort(result[0]), [a for a, _ in taken], err_msg=where)
+                        np.testing.assert_array_equal(result[1][np.argsort(result[0])], [v for _, v in taken],
+                                                      err_msg=where)
+            else:
+                np.testing.assert_array_equal(np.unique(overlay.lines()),
+                                              sorted({a >> LINE_BITS for a in held}), err_msg=where)

@@ -403,3 +403,19 @@ def test_a_batched_load_out_of_range_names_its_wave(arch):
 	s_waitcnt vmcnt(0)"""
     with pytest.raises(MemoryFault, match=r"by workgroup 0 wave 1, line \d+: global_load_dword"):
         run_handwritten(arch, body, np.zeros(64, np.uint32), block=(256,))
+
+
+def test_a_regions_rows_are_its_bytes_at_any_alignment():
+    """Region.rows (a vector load's bytes: a record each when every lane is aligned
+    to a 4, 8 or 16 byte access, else a byte window) returns the bytes at each
+    offset for aligned, unaligned and mixed lanes."""
+    from k2back.emu.memory import Region
+
+    data = rng(5).integers(0, 256, 4099, dtype=np.uint8)  # not a multiple of 16
+    region = Region(1 << 32, data, "data", data)
+    for size in (1, 2, 4, 8, 12, 16):
+        for offsets in (np.arange(0, 4099 - size, 16)[:64], np.arange(3, 4099 - size, 16)[:64],
+                        np.array([0, 4099 - size - (4099 - size) % 4, size * 3, 1])):
+            expect = data[offsets[:, None] + np.arange(size)]
+            np.testing.assert_array_equal(region.rows(offsets.astype(np.int64), size), expect,
+                                          err_msg=f"size {size} offsets {offsets[:4]}")

@@ -89,10 +89,11 @@ def distinct(values: np.ndarray) -> np.ndarray:
 
 
 def among(values: np.ndarray, others: np.ndarray) -> np.ndarray:
-    """np.isin of int64 values, by a table when they lie close together."""
+    """np.isin of int64 values, by a table unless they lie far apart (a table of a
+    MiB costs less than isin's sort of a few thousand values)."""
     low = int(values.min())
     span = int(values.max()) - low + 1
-    if span > 4 * (values.size + others.size) + 4096:
+    if span > max(1 << 20, 64 * (values.size + others.size)):
         return np.isin(values, others)
     table = np.zeros(span, bool)
     others = others - low
@@ -133,30 +134,40 @@ class Overlay:
     Puts of bytes only where none are held (`put_later`, an L2 keeping memory's
     old bytes) wait per page until something reads, drops or takes that page:
     every other L2 receives each write-back, but most drop it unread at their
-    next invalidation."""
+    next invalidation. Plain puts (an L2's dirty bytes) wait in `queued` until
+    anything else is asked of the overlay: the stores one s_waitcnt performs
+    are mostly all taken by its buffer_wbl2, straight from the queue."""
 
-    __slots__ = ("later", "pages")
+    __slots__ = ("later", "pages", "queued")
 
     def __init__(self):
         self.pages = {}  # page number -> (data uint8 [PAGE], present bool [PAGE])
         self.later = {}  # page number -> [lines they fill (bits), [(offsets, values)]]: missing-only puts
+        self.queued = []  # [(flat, values)]: plain puts, oldest first, not in pages yet
 
     def __bool__(self) -> bool:
-        return bool(self.pages) or bool(self.later)
+        return bool(self.pages or self.later or self.queued)
+
+    def _place(self) -> None:
+        """The queued puts into pages, oldest first."""
+        queued, self.queued = self.queued, []
+        for flat, values in queued:
+            for page, where, offsets in self._by_page(flat):
+                self._put_page(page, offsets, values if where is None else values[where], False)
 
     @staticmethod
     def _by_page(flat: np.ndarray):
         """(page, positions in flat: None for all or a slice / index array, offsets
         in the page) per page the addresses fall in."""
         pages = flat >> PAGE_BITS
-        first, last = pages[0], pages[-1]
+        first, last = int(pages[0]), int(pages[-1])
         if first == last and (pages == first).all():
-            return ((int(first), None, flat & (PAGE - 1)),)
-        steps = np.diff(pages)
-        if (steps >= 0).all():  # sorted (lanes in order, or a page walk): cut at each new page
-            cuts = np.flatnonzero(steps) + 1
-            bounds = [0, *cuts.tolist(), flat.size]
-            return [(int(pages[a]), slice(a, b), flat[a:b] & (PAGE - 1)) for a, b in itertools.pairwise(bounds)]
+            return ((first, None, flat & (PAGE - 1)),)
+        if first < last and (pages[1:] >= pages[:-1]).all():  # sorted (lanes in order, or a page walk)
+            starts = np.flatnonzero(pages[1:] != pages[:-1]) + 1
+            offsets, bounds = flat & (PAGE - 1), [0, *starts.tolist(), flat.size]
+            return [(page, slice(a, b), offsets[a:b])
+                    for page, a, b in zip([first, *pages[starts].tolist()], bounds, bounds[1:])]
         order = np.argsort(pages, kind="stable")  # by page, positions ascending within one
         cuts = np.flatnonzero(np.diff(pages[order])) + 1
         groups = []
@@ -167,6 +178,8 @@ class Overlay:
 
     def _page(self, page: int):
         """The (data, present) of `page` with its waiting puts done, or None."""
+        if self.queued:
+            self._place()
         waiting = self.later.pop(page, None) if self.later else None
         if waiting is not None:
             for offsets, values in waiting[1]:
@@ -174,7 +187,9 @@ class Overlay:
         return self.pages.get(page)
 
     def _settle(self) -> None:
-        """Every waiting put done."""
+        """Every queued and waiting put done."""
+        if self.queued:
+            self._place()
         for page in list(self.later):
             self._page(page)
 
@@ -209,6 +224,8 @@ class Overlay:
 
     def has_page(self, line: int) -> bool:
         """Whether it holds anything in the page of `line` (a quick test)."""
+        if self.queued:
+            self._place()
         page = line >> (PAGE_BITS - LINE_BITS)
         return page in self.pages or page in self.later
 
@@ -235,17 +252,28 @@ class Overlay:
 
     def put(self, flat: np.ndarray, values: np.ndarray, missing_only: bool = False) -> None:
         """Hold `values` at `flat` (with missing_only: only where nothing is held yet)."""
+        if not missing_only:
+            self.queued.append((flat, values))  # `flat` and `values` are never written to
+            return
+        if self.queued:
+            self._place()
         for page, where, offsets in self._by_page(flat):
-            if missing_only and self.later:  # after the waiting ones (a plain put wins anyway)
+            if self.later:  # after the waiting ones
                 self._page(page)
-            self._put_page(page, offsets, values if where is None else values[where], missing_only)
+            self._put_page(page, offsets, values if where is None else values[where], True)
 
     @classmethod
     def by_page(cls, flat: np.ndarray, values: np.ndarray) -> list:
         """A put's bytes as put_later takes them: [(page, offsets, values, the lines of
         the page they fall in as bits)]."""
-        return [(page, offsets, values if where is None else values[where], _line_bits(offsets))
-                for page, where, offsets in cls._by_page(flat)]
+        groups = cls._by_page(flat)
+        if isinstance(groups[0][1], slice):  # sorted: every page's line bits at once
+            bits = np.uint32(1) << ((flat >> LINE_BITS) & (PAGE // LINE - 1)).astype(np.uint32)
+            lines = np.bitwise_or.reduceat(bits, [where.start for _, where, _ in groups]).tolist()
+        else:
+            lines = [_line_bits(offsets) for _, _, offsets in groups]
+        return [(page, offsets, values if where is None else values[where], bits)
+                for (page, where, offsets), bits in zip(groups, lines)]
 
     def put_later(self, by_page) -> None:
         """put(..., missing_only=True) of `by_page` (Overlay.by_page: several overlays
@@ -275,10 +303,12 @@ class Overlay:
         data[offsets] = values
         present[offsets] = True
 
-    def drop(self, flat: np.ndarray) -> None:
+    def drop(self, flat: np.ndarray, by_page=None) -> None:
+        """Hold nothing at `flat` (`by_page`: Overlay.by_page of it, when at hand)."""
         if not self:
             return
-        for page, _, offsets in self._by_page(flat):
+        for page, offsets in ([(page, offsets) for page, offsets, _, _ in by_page] if by_page is not None
+                              else [(page, offsets) for page, _, offsets in self._by_page(flat)]):
             entry = self._page(page)
             if entry is not None:
                 entry[1][offsets] = False
@@ -287,6 +317,8 @@ class Overlay:
         """(addresses, values) of the held bytes (all, or those among `flat`), in
         address order, no longer held; None when there are none."""
         if flat is None:
+            if self.queued and not self.pages and not self.later:
+                return self._take_queued()
             self._settle()
         addresses, values = [], []
         for page, _, offsets in (self._by_page(flat) if flat is not None else
@@ -306,8 +338,24 @@ class Overlay:
             return None
         return np.concatenate(addresses), np.concatenate(values)
 
+    def _take_queued(self):
+        """take() of an overlay whose bytes are all queued: the newest put of each
+        address, in address order."""
+        queued, self.queued = self.queued, []
+        if all(flat.size < 2 or (flat[1:] > flat[:-1]).all() for flat, _ in queued):
+            queued.sort(key=lambda put: int(put[0][0]))
+            if all(int(a[0][-1]) < int(b[0][0]) for a, b in itertools.pairwise(queued)):  # apart, ascending
+                if len(queued) == 1:
+                    return queued[0]
+                return np.concatenate([f for f, _ in queued]), np.concatenate([v for _, v in queued])
+        flat, values = np.concatenate([f for f, _ in queued]), np.concatenate([v for _, v in queued])
+        addresses, newest = np.unique(flat[::-1], return_index=True)  # first from the end: the newest
+        return addresses, values[::-1][newest]
+
     def lines(self) -> np.ndarray:
         """Line numbers in which this overlay holds a byte."""
+        if self.queued:
+            self._place()
         found = [(page << (PAGE_BITS - LINE_BITS)) + np.flatnonzero(present.reshape(-1, LINE).any(1))
                  for page, (_, present) in self.pages.items()]
         if self.later:  # each byte of a waiting put will be held
@@ -348,8 +396,9 @@ class PrivateCache:
             self.l2.region_readers.setdefault(base, set()).add(self)
 
     def drop(self, line: int) -> None:
-        self.copies.drop_line(line)
-        self.saved.discard(line)
+        if line in self.saved:  # copies holds bytes of saved lines only
+            self.copies.drop_line(line)
+            self.saved.discard(line)
 
     def invalidate(self) -> None:
         for index, keys in ((self.l2.holders, self.held), (self.l2.region_readers, self.regions)):
@@ -503,12 +552,25 @@ class StrictMemory(IdealMemory):
         """Perform a store: dirty in the XCD's L2, seen by the CU's own L1 (write-
         through). Returns whether it reached a line some wave sleeps on."""
         l2 = cu.l2
-        lines = distinct(flat >> LINE_BITS) if l2.holders or l2.region_readers or self.polled else None
-        if l2.holders or l2.region_readers:
+        first, last = int(flat.min()) >> LINE_BITS, int(flat.max()) >> LINE_BITS
+        polled = any(first <= line <= last for line in self.polled)  # a flag's few lines
+        if polled or l2.holders or self._read_by_others(l2, first, last, cu.l1):
+            lines = distinct(flat >> LINE_BITS)
             self._save_lines(l2, lines, keep=cu.l1)
         l2.dirty.put(flat, values)
         cu.l1.copies.drop(flat)
-        return bool(self.polled) and self._reach_pollers(lines)
+        return polled and self._reach_pollers(lines)
+
+    def _read_by_others(self, l2, first: int, last: int, keep) -> bool:
+        """Whether a CU cache of `l2` other than `keep` may hold some of lines
+        first..last by having read their whole buffer (hold_region); False only
+        when it is sure (they lie in one buffer no other cache read whole)."""
+        if not l2.region_readers:
+            return False
+        region = self.memory.region_at(first << LINE_BITS)
+        if region is None or last << LINE_BITS >= region.end:
+            return True
+        return any(cache is not keep for cache in l2.region_readers.get(region.base, ()))
 
     def atomic(self, w, addresses, dtype, update, sources, who):
         """Performed at memory, after the XCD's own dirty copy of the bytes; the L1
@@ -521,9 +583,9 @@ class StrictMemory(IdealMemory):
         self._write_back(l2, l2.dirty.take(flat))
         lines = np.unique(flat >> LINE_BITS)
         self._save_lines(l2, lines, keep=None)
-        self._memory_changes(flat, l2)
+        pages = self._memory_changes(flat, l2)
         old = self.memory.atomic(addresses, dtype, update, sources, who)
-        l2.stale.drop(flat)
+        l2.stale.drop(flat, pages)
         if self.polled:
             self._reach_pollers(lines)
         return old
@@ -538,26 +600,29 @@ class StrictMemory(IdealMemory):
         if taken is None:
             return
         flat, values = taken
-        self._memory_changes(flat, l2)
+        pages = self._memory_changes(flat, l2)
         self.memory.poke(flat, values)
-        l2.stale.drop(flat)  # its own copy is the new, clean line
+        l2.stale.drop(flat, pages)  # its own copy is the new, clean line
         self.written_back += flat.size
 
-    def _memory_changes(self, flat, source: L2) -> None:
+    def _memory_changes(self, flat, source: L2) -> list:
         """Memory's bytes at `flat` are about to change: every other L2 keeps them as
-        it saw them (its view does not move until it is invalidated)."""
+        it saw them (its view does not move until it is invalidated). Returns them
+        by page (Overlay.by_page)."""
         waiting = Overlay.by_page(flat, self.memory.peek(flat))
         for l2 in self.l2s:
             if l2 is not source:
                 l2.stale.put_later(waiting)
+        return waiting
 
     def _save_lines(self, l2: L2, lines, keep) -> None:
-        """`l2`'s view of `lines` is about to change: the CU caches holding them (but
-        `keep`, whose copy follows the change) keep the lines as they were."""
+        """`l2`'s view of `lines` (ascending) is about to change: the CU caches
+        holding them (but `keep`, whose copy follows the change) keep the lines as
+        they were."""
+        if not len(lines) or not l2.holders and not self._read_by_others(l2, int(lines[0]), int(lines[-1]), keep):
+            return
         if not isinstance(lines, list):
             lines = lines.tolist()
-        if not lines:
-            return
         savers = {}  # line -> the caches that keep it (the order is immaterial: nothing
         if l2.holders:  # it does changes what another line's or cache's save sees)
             for line in lines:
@@ -650,7 +715,8 @@ class StrictMemory(IdealMemory):
     def _write_back_line(self, line: int) -> None:
         """Every L2's dirty bytes of `line` to memory."""
         for l2 in self.l2s:
-            self._write_back(l2, l2.dirty.take_line(line))
+            if l2.dirty:
+                self._write_back(l2, l2.dirty.take_line(line))
 
     def _refresh(self, line: int, w) -> None:
         """w's caches drop their copies of `line`: its next read sees memory."""

@@ -56,14 +56,15 @@ SGPR_BIT = 512  # scoreboard bits: unified VGPR/AGPR rows 0.., then SGPRs
 class Op:
     """One outstanding memory instruction: the registers its return writes (`dst`,
     a bit mask) and, until it is performed (`done`), what it still has to do: a
-    store's bytes (`flat` addresses, `values`), an LDS store's (write, args) or a
-    write-back's scope (True: agent or system) in `perform`."""
+    store's bytes (`flat` addresses, `values`; `span`: the lowest and highest
+    address), an LDS store's (write, args) or a write-back's scope (True: agent or
+    system) in `perform`."""
 
-    __slots__ = ("done", "dst", "flat", "ins", "kind", "perform", "values")
+    __slots__ = ("done", "dst", "flat", "ins", "kind", "perform", "span", "values")
 
     def __init__(self, ins, kind: int, dst: int = 0, done: bool = True):
         self.ins, self.kind, self.dst, self.done = ins, kind, dst, done
-        self.flat = self.values = self.perform = None
+        self.flat = self.values = self.perform = self.span = None
 
 
 # ------------------------------------------------------------------ issue
@@ -89,6 +90,7 @@ def issue_store(w, ins, mem, flat: np.ndarray, values: np.ndarray) -> None:
     op = Op(ins, STORE, done=not mem.strict)
     op.flat, op.values = flat, values
     if mem.strict:
+        op.span = int(flat.min()), int(flat.max())
         w.unperformed += 1
     else:
         mem.store(w.group.cu, flat, values)
@@ -166,13 +168,13 @@ def retire_vm(w, keep: int, mem, progress) -> bool:
     count = len(queue) - keep
     if count <= 0:
         return False
-    batch = list(itertools.islice(queue, count))
     if w.unperformed:
+        batch = list(itertools.islice(queue, count))
         todo = [i for i, op in enumerate(batch) if not op.done]
         # newest store first, write-backs last (after their wave's older stores)
         todo.sort(key=lambda i: (batch[i].kind == WRITEBACK, -i if batch[i].kind == STORE else i))
         for step, i in enumerate(todo):
-            newer = [op.flat for op in batch[i + 1:] if op.kind == STORE and op.done]
+            newer = [op for op in batch[i + 1:] if op.kind == STORE and op.done]
             woke = _perform(w, batch[i], mem, newer)
             w.unperformed -= 1
             progress()
@@ -189,8 +191,8 @@ def _perform(w, op, mem, newer) -> bool:
         mem.writeback(w.group.cu, op.perform)
         return False
     flat, values = op.flat, op.values
-    low, high = flat.min(), flat.max()
-    newer = [other for other in newer if other.max() >= low and other.min() <= high]
+    low, high = op.span
+    newer = [other.flat for other in newer if other.span[1] >= low and other.span[0] <= high]
     if newer:  # bytes a newer store of the batch wrote stay the newer store's
         keep = ~among(flat, np.concatenate(newer))
         flat, values = flat[keep], values[keep]

@@ -121,7 +121,7 @@ def vmem_load(counter, access, ins, dst: int):
         waves = w.waves
         if waves is None:
             return alone(w)
-        if any(v.group is not w.group for v in waves):  # several workgroups: several CUs
+        if w.group is None:  # a batch of several workgroups: several CUs
             for v in waves:
                 alone(v)
             return
@@ -149,6 +149,17 @@ def agreed(value):
     if type(value) is not int:
         raise _PerWave
     return value
+
+
+def agreed_sgprs(w, first: int, count: int) -> list[int]:
+    """SGPRs first..first+count-1 of a wave, or those a Batch's waves agree on (else
+    _PerWave): agreed(w.s[i]) for each, in one pass over the waves."""
+    if w.waves is None:
+        return w.s[first:first + count]
+    values = w.waves[0].s[first:first + count]
+    if any(v.s[first:first + count] != values for v in w.waves):
+        raise _PerWave
+    return values
 
 
 def owners(w):
@@ -313,9 +324,11 @@ def decode_buffer(ins, ctx):
     s0 = rsrc.index
 
     def locate(w, element: int, count: int):
-        """Lane start addresses [lanes] and None when every element is in range, else
-        (addresses [lanes, count], in-range [lanes, count]) of each element."""
-        word0, word1, records = (agreed(w.s[s0 + i]) for i in range(3))
+        """(the start address of each lane's access [lanes], which lanes' accesses
+        lie wholly in range (None: all), and only when some lane's access is partly
+        in range (addresses [lanes, count], in-range [lanes, count]) of each
+        element, else None)."""
+        word0, word1, records = agreed_sgprs(w, s0, 3)
         base = word0 | ((word1 & 0xFFFF) << 32)
         stride = (word1 >> 16) & 0x3FFF
         sgpr_offset = agreed(soffset(w))
@@ -334,13 +347,15 @@ def decode_buffer(ins, ctx):
             raise UnsupportedInstruction(f"buffer range check with a nonzero soffset ({sgpr_offset}) "
                                          f"is not modelled ({ins.where()}, {w.name})")
         if lane_ok.all() if idxen else end <= records:
-            return (starts + start).astype(U64), None
+            return (starts + start).astype(U64), None, None
+        if idxen:  # a lane's elements are all in range or all out
+            return (starts + start).astype(U64), lane_ok, None
+        whole = starts + (inst_offset + element * count) <= records  # its last element is in range
+        if (whole == (starts + (inst_offset + element) <= records)).all():  # so is its first: all or none
+            return (starts + start).astype(U64), whole, None
         offsets = starts[:, None] + element * np.arange(count)
-        if lane_ok is not None:
-            in_range = np.broadcast_to(lane_ok[:, None], offsets.shape)
-        else:
-            in_range = offsets + inst_offset + element <= records
-        return (offsets + start).astype(U64), in_range
+        return (starts + start).astype(U64), whole, ((offsets + start).astype(U64),
+                                                     offsets + inst_offset + element <= records)
 
     if op == "atomic":
         return _buffer_atomic(ins, ctx, suffix, data_op, locate, counter)
@@ -352,31 +367,35 @@ def decode_buffer(ins, ctx):
 
     if op == "load":
         def load(w):
-            addresses, in_range = locate(w, element, count)
+            addresses, whole, parts = locate(w, element, count)
             lanes = owners(w)
-            if in_range is None:
+            if whole is None:
                 load_lanes(w, row, ctx.load(w, addresses, size, who(w, ins), through_l1, lanes), kind)
                 return
             data = np.zeros((addresses.shape[0], size), np.uint8)
-            whole = in_range.all(1)
-            if (whole == in_range.any(1)).all():  # each lane all in range or all out: whole lanes
+            if parts is None:  # each lane all in range or all out: whole lanes
                 if whole.any():  # (the same bytes, and lines, as element by element)
-                    data[whole] = ctx.load(w, addresses[whole, 0], size, who(w, ins), through_l1,
+                    data[whole] = ctx.load(w, addresses[whole], size, who(w, ins), through_l1,
                                            None if lanes is None else lanes[whole])
-            elif in_range.any():
-                data.reshape(addresses.shape + (element,))[in_range] = ctx.load(
-                    w, addresses[in_range], element, who(w, ins), through_l1,
-                    None if lanes is None else np.broadcast_to(lanes[:, None], in_range.shape)[in_range])
+            else:
+                elements, in_range = parts
+                if in_range.any():
+                    data.reshape(elements.shape + (element,))[in_range] = ctx.load(
+                        w, elements[in_range], element, who(w, ins), through_l1,
+                        None if lanes is None else np.broadcast_to(lanes[:, None], in_range.shape)[in_range])
             load_lanes(w, row, data, kind)
         return vmem_load(counter, load, ins, row_bits(row, registers(size)))
 
     def store(w):
-        addresses, in_range = locate(w, element, count)
-        if in_range is None:
-            ctx.store(w, ins, addresses, store_bytes(w, row, size, kind), who(w, ins))
+        addresses, whole, parts = locate(w, element, count)
+        data = store_bytes(w, row, size, kind)
+        if whole is None:
+            ctx.store(w, ins, addresses, data, who(w, ins))
+        elif parts is None:  # whole lanes (the same bytes as element by element)
+            ctx.store(w, ins, addresses[whole], data[whole], who(w, ins))
         else:
-            data = store_bytes(w, row, size, kind).reshape(addresses.shape + (element,))
-            ctx.store(w, ins, addresses[in_range], data[in_range], who(w, ins))
+            elements, in_range = parts
+            ctx.store(w, ins, elements[in_range], data.reshape(elements.shape + (element,))[in_range], who(w, ins))
     return vmem_store(counter, store, ins)
 
 
@@ -386,11 +405,9 @@ def _buffer_atomic(ins, ctx, name, data_op, locate, counter):
     row = ctx.vector_row(ctx.operand(data_op, ins), form.words * form.values, ins)
 
     def atomic(w):
-        addresses, in_range = locate(w, form.dtype.itemsize, 1)
+        addresses, in_range, _ = locate(w, form.dtype.itemsize, 1)  # one element: all or none
         if in_range is None:
             in_range = np.ones(addresses.size, bool)
-        else:
-            addresses, in_range = addresses[:, 0], in_range[:, 0]
         old = np.zeros(addresses.size, form.dtype)  # out of range: not performed, returns 0
         if in_range.any():
             sources = [s[in_range] for s in form.sources(w, row)]
@@ -493,6 +510,21 @@ def _lds_addresses(w, row, offset, size, ins):
     return addresses
 
 
+def _lds_cells(lds: np.ndarray, addresses: np.ndarray, size: int):
+    """(`lds` as an array of cells, the cells [lanes, per lane] a `size`-byte access
+    at each byte address covers): dwords when size is a multiple of 4 (then
+    _lds_addresses checked them dword-aligned), else bytes."""
+    if size % 4:
+        return lds, addresses[:, None] + np.arange(size)
+    return lds[:lds.size & ~3].view("<u4"), (addresses >> 2)[:, None] + np.arange(size >> 2)
+
+
+def _lds_rows(lds: np.ndarray, addresses: np.ndarray, size: int) -> np.ndarray:
+    """uint8 [lanes, size] of `lds` at byte `addresses` (checked by _lds_addresses)."""
+    cells, where = _lds_cells(lds, addresses, size)
+    return cells[where].view(np.uint8)
+
+
 def decode_ds(ins, ctx):
     name = ins.mnemonic
     if name in CROSS_LANE_DS:
@@ -555,7 +587,6 @@ def _ds_move(ins, ctx, op, suffix):
         addr, *datas = ins.operands
         data_rows = [ctx.vector_row(ctx.operand(d, ins), registers(size), ins) for d in datas]
     addr_row = ctx.vector_row(ctx.operand(addr, ins), 1, ins)
-    span = np.arange(size)
 
     if is_load:
         dst_bits = row_bits(data_rows[0], registers(size) * len(offsets))
@@ -570,8 +601,7 @@ def _ds_move(ins, ctx, op, suffix):
             lds = w.group.lds
             # Both halves of a read2 are read before either is written: the
             # destination may overlap the address register.
-            data = [lds[_lds_addresses(w, addr_row, offset, size, ins)[:, None] + span]
-                    for offset in offsets]
+            data = [_lds_rows(lds, _lds_addresses(w, addr_row, offset, size, ins), size) for offset in offsets]
             for row, values in zip(data_rows, data):
                 load_lanes(w, row, values, kind)
                 stats.lds_read += values.size
@@ -582,10 +612,11 @@ def _ds_move(ins, ctx, op, suffix):
         if w.waves is None and not w.exec:
             inflight.issue_lds(w, ins)
             return
-        writes = [(_lds_addresses(w, addr_row, offset, size, ins)[:, None] + span,
-                   store_bytes(w, row, size, kind)) for row, offset in zip(data_rows, offsets)]
+        lds = w.group.lds
+        writes = [_lds_write(lds, _lds_addresses(w, addr_row, offset, size, ins), store_bytes(w, row, size, kind))
+                  for row, offset in zip(data_rows, offsets)]
         if w.waves is None:
-            inflight.issue_lds_store(w, ins, ctx.mem, _write_lds, (w.group.lds, writes, stats))
+            inflight.issue_lds_store(w, ins, ctx.mem, _write_lds, (writes, stats))
             return
         # a batch: each wave queues the stores of its own lanes, in wave order
         lanes = [LANES] * len(w.waves) if w.full else w.mask.sum(1).tolist()
@@ -594,16 +625,23 @@ def _ds_move(ins, ctx, op, suffix):
             if not v.exec:
                 inflight.issue_lds(v, ins)
                 continue
-            own = [(cells[start:start + count], data[start:start + count]) for cells, data in writes]
-            inflight.issue_lds_store(v, ins, ctx.mem, _write_lds, (w.group.lds, own, stats))
+            own = [(cells, where[start:start + count], data[start:start + count]) for cells, where, data in writes]
+            inflight.issue_lds_store(v, ins, ctx.mem, _write_lds, (own, stats))
             start += count
     return lds_store
 
 
-def _write_lds(lds, writes, stats) -> None:
-    for cells, data in writes:
-        lds[cells] = data
-        stats.lds_written += data.size
+def _lds_write(lds: np.ndarray, addresses: np.ndarray, data: np.ndarray):
+    """A store of uint8 data [lanes, size] at LDS byte `addresses` as _write_lds
+    takes it: (cells, which of them [lanes, per lane], their values)."""
+    cells, where = _lds_cells(lds, addresses, data.shape[1])
+    return cells, where, data.view(cells.dtype)
+
+
+def _write_lds(writes, stats) -> None:
+    for cells, where, data in writes:
+        cells[where] = data
+        stats.lds_written += data.nbytes
 
 
 def _ds_atomic(ins, ctx):

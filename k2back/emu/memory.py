@@ -34,16 +34,21 @@ class Region:
     written: int = 0
     touched: bool = False  # a store of the current launch wrote to it
     windows: dict = dataclasses.field(default_factory=dict, repr=False)  # size -> sliding_window_view
+    end: int = dataclasses.field(init=False)  # one past the last byte
 
-    @property
-    def end(self) -> int:
-        return self.base + self.data.size
+    def __post_init__(self):
+        self.end = self.base + self.data.size
 
     def rows(self, offsets: np.ndarray, size: int) -> np.ndarray:
-        """uint8 [lanes, size]: the `size` bytes at each byte offset (all in range), copied."""
+        """uint8 [lanes, size]: the `size` bytes at each byte offset (all in range), copied:
+        a record each when the offsets are all aligned to a power-of-two size."""
         window = self.windows.get(size)
         if window is None:
             window = self.windows[size] = np.lib.stride_tricks.sliding_window_view(self.data, size)
+            if size in (4, 8, 16):
+                self.windows[-size] = self.data[:self.data.size // size * size].view(f"V{size}")
+        if size in (4, 8, 16) and not (offsets & (size - 1)).any():
+            return self.windows[-size][offsets // size].view(np.uint8).reshape(-1, size)
         return window[offsets]
 
 
@@ -69,6 +74,7 @@ class GlobalMemory:
         self.regions: list[Region] = []
         self.bases: list[int] = []
         self._next = BASE_ADDRESS
+        self._last = None  # the region last found: accesses come in runs on one buffer
 
     def map(self, array, name: str | None = None) -> int:
         data = byte_view(array)
@@ -78,25 +84,35 @@ class GlobalMemory:
         index = bisect.bisect(self.bases, base)
         self.regions.insert(index, region)
         self.bases.insert(index, base)
+        self._last = None
         return base
 
     def unmap(self, base: int) -> None:
         index = self.bases.index(base)
         del self.regions[index], self.bases[index]
+        self._last = None
 
     def region_of(self, address: int, size: int, who) -> Region:
+        region = self._last
+        if region is not None and region.base <= address and address + size <= region.end:
+            return region
         index = bisect.bisect(self.bases, address) - 1
         if index >= 0:
             region = self.regions[index]
             if address + size <= region.end:
+                self._last = region
                 return region
         raise MemoryFault(f"unmapped global address 0x{address:x} (+{size} bytes) by {who()}")
 
     def region_at(self, address: int) -> Region | None:
         """The buffer mapped at `address`, or None."""
+        region = self._last
+        if region is not None and region.base <= address < region.end:
+            return region
         index = bisect.bisect(self.bases, address) - 1
         if index >= 0 and address < self.regions[index].end:
-            return self.regions[index]
+            self._last = self.regions[index]
+            return self._last
         return None
 
     def read_touched(self, addresses: np.ndarray, size: int, who) -> tuple[np.ndarray, bool]:
