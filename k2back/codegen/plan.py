@@ -64,8 +64,9 @@ FLAG_BYTES = 4
 TASK_STAMPS = ("start", "end", "wait")  # a task's record (s_memrealtime ticks, low 32 bits)
 STAMP_BYTES = 4
 # timeline: a GEMV task's waves each await their own flags, and each writes the end of
-# its wait to its own LDS word (a plain store: a wave's 4 instructions, where an atomic
-# max in the record costs it 13), whose max the task's record takes. wo_a's tasks of a
+# its wait to its own LDS word (a plain store at its %tid & -WAVE: a wave's 3
+# instructions, where an atomic max in the record cost it 13), whose max the task's
+# record takes. wo_a's tasks of a
 # CTA take turns in two sets of words: the waves of its next task may stamp before wave
 # 0 read the last one's, not those of the task after it, behind the next one's publish.
 # Only wo_b's first task of a CTA waits (the later ones use the same activations).
@@ -292,19 +293,15 @@ class KernelSpec:
         `stage`; its kth task's is k records further."""
         return (self.stamp_rows[stage][0] + TASK_STAMPS.index(kind)) * STAMP_BYTES
 
-    @property
-    def wait_set_bytes(self) -> int:
-        """Bytes of one set of WAIT_WORDS: a word a wave of the widest GEMV, in 16 B."""
-        return _align(max(self.wo_a.k_waves, self.wo_b.k_waves) * STAMP_BYTES, 16)
-
     def wait_words(self, stage: str, nth: int) -> int | None:
-        """LDS offset of the words where the waves of this CTA's `nth` task of `stage`
-        write their wait ends (wave w's w words on; WAIT_WORDS; a timeline build),
-        None: the stage's waits are not the waves'."""
+        """LDS offset of wave 0's word where the waves of this CTA's `nth` task of
+        `stage` write their wait ends (wave w's WAVE·w bytes on: at %tid & -WAVE; the
+        sets of WAIT_WORDS side by side; a timeline build), None: the stage's waits
+        are not the waves'."""
         key = (stage, nth % 2 if stage == "wo_a" else 0)
         if key not in WAIT_WORDS:
             return None
-        return self.lds_member("timeline", "waits").offset + WAIT_WORDS.index(key) * self.wait_set_bytes
+        return self.lds_member("timeline", "waits").offset + WAIT_WORDS.index(key) * STAMP_BYTES
 
     def stage_ctas(self, stage: str) -> set[int]:
         """The CTAs that run tasks of `stage` (task_cta)."""
@@ -624,7 +621,7 @@ def plan(geometry: Config | str, tp: int | None = None, tokens: int | None = Non
         return spec
     stamps = Region("timeline", scratch_bytes, blocks * spec.stamp_row_bytes)
     # the GEMV waves' wait ends (KernelSpec.wait_words), past every other member
-    waits = LdsMember("timeline", "waits", lds_bytes, len(WAIT_WORDS) * spec.wait_set_bytes)
+    waits = LdsMember("timeline", "waits", lds_bytes, max(wo_a.k_waves, wo_b.k_waves) * WAVE)
     _check("tokens/tp", f"{geo.name} TP {tp} S {tokens}", f"timeline: LDS within {info.lds_budget} B",
            waits.offset + waits.bytes <= info.lds_budget)
     return dataclasses.replace(spec, scratch=(*scratch, stamps), lds=(*lds, waits),
