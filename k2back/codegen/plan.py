@@ -64,12 +64,12 @@ FLAG_BYTES = 4
 TASK_STAMPS = ("start", "end", "wait")  # a task's record (s_memrealtime ticks, low 32 bits)
 STAMP_BYTES = 4
 # timeline: a GEMV task's waves each await their own flags, and each writes the end of
-# its wait to its own LDS word (a plain store at its %tid & -WAVE: a wave's 3
-# instructions, where an atomic max in the record cost it 13), whose max the task's
-# record takes. wo_a's tasks of a
-# CTA take turns in two sets of words: the waves of its next task may stamp before wave
-# 0 read the last one's, not those of the task after it, behind the next one's publish.
-# Only wo_b's first task of a CTA waits (the later ones use the same activations).
+# its wait to its own LDS word (a plain store at its %tid & -WAVE: a wave's 4
+# instructions with the stamp, where an atomic max in the record cost it 13), whose
+# max the task's record takes. wo_a's tasks of a CTA take turns in two sets of words:
+# the waves of its next task may stamp before wave 0 read the last one's, not those of
+# the task after it, behind the next one's publish. Only wo_b's first task of a CTA
+# waits (the later ones use the same activations).
 WAIT_WORDS = (("wo_a", 0), ("wo_a", 1), ("wo_b", 0))
 MAX_X_STEPS = 16  # 16-B activation loads a lane holds at once (64 VGPRs)
 MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of tasks (128 VGPRs)
