@@ -268,6 +268,57 @@ def emulate(spec, kernel, inputs, part=None, scratch=None):
     return run_kernel(spec, kernel, inputs, scratch, backend)
 
 
+STAMP_BUDGET = 0.01  # a timeline build's stamps: at most this part of the kernel's wave-instructions
+
+
+@dataclasses.dataclass(frozen=True)
+class StampCost:
+    """What a `timeline` build's stamps cost: one timed launch of the plain and of
+    the stamped kernel. The stamps move the modeled clock a little, so the flag
+    polls (s_sleep loops) differ between the two and are part of the difference:
+    `polled` bounds the instructions the polls added (the shortest trip of a poll
+    loop a poll added, the longest one a poll saved; a loop's count of polls is not
+    kept), `overhead` is the difference without them."""
+    plain: object  # Stats
+    stamped: object
+    polled: int
+
+    @property
+    def overhead(self) -> float:
+        extra = self.stamped.wave_instructions - self.plain.wave_instructions
+        return (extra - self.polled) / self.plain.wave_instructions
+
+
+def poll_trips(asm: str) -> list[int]:
+    """Instructions of one trip of each of the kernel's flag-poll loops (a block that
+    holds an s_sleep and branches back to its own label)."""
+    trips, label, body = [], None, []
+    for line in asm.splitlines():
+        text = line.split(";")[0].strip()
+        if re.fullmatch(r"\.LBB\w+:", text):
+            label, body = text[:-1], []
+        elif text and not text.startswith("."):
+            body.append(text.split()[0])
+            if body[-1].startswith("s_cbranch") and text.split()[-1] == label and "s_sleep" in body:
+                trips.append(len(body))
+    return trips
+
+
+def stamp_cost(config, seed: int = 0) -> StampCost:
+    """The stamps' cost (StampCost) of a configuration (a resolved Config)."""
+    from k2back import ops
+    from k2back.testing import make_inputs
+
+    stats = []
+    for timeline in (False, True):
+        spec, kernel = ops.build(config, timeline=timeline)
+        inputs = make_inputs(config.geometry, config.tp, config.tokens, config.ratio, seed, arch=spec.arch,
+                             swa_fp8=spec.swa_fp8, comp_fp8=spec.comp_fp8)
+        stats.append(emulate(spec, kernel, inputs)[1])
+    polls = stats[1].total_polls - stats[0].total_polls
+    return StampCost(*stats, polls * (min if polls > 0 else max)(poll_trips(kernel.asm)))
+
+
 def stamp_clock(backend, spec, device) -> tuple[float, int | None]:
     """(s_memrealtime ticks a second, the launch's origin in ticks or None) on
     `backend`: the emulator's modeled clock starts at 0 at launch at the part's

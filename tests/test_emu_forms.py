@@ -189,6 +189,10 @@ ALU_CASES = {
         [("v20", lambda e: U32(int(np.sum(mask_bits(e["a"] > e["b"])[:32].astype(np.uint64) << np.arange(32, dtype=np.uint64)))) >> (e["a"] & U32(31))),
          ("v21", lambda e: np.sort(np.stack([signed(e["a"]), np.zeros(64, np.int64), signed(e["b"])]), 0)[1].astype(U32)),
          ("v22", lambda e: e["a"]), ("v23", lambda e: e["b"])]),
+    "v_max3_u32 (unsigned: words with the top bit set are the larger)": (
+        """
+\tv_max3_u32 v20, v1, v2, v3""",
+        [("v20", lambda e: np.maximum(np.maximum(e["a"], e["b"]), e["x"].view(U32)))]),
     "float ops with abs modifiers and e64 forms": (
         """
 \tv_add_f32_e64 v20, v3, v4

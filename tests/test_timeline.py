@@ -146,6 +146,16 @@ def test_stamped_kernel_in_timing_mode(arch, monkeypatch):
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
+def test_stamps_cost_at_most_their_budget(arch):
+    """The stamps cost at most STAMP_BUDGET of the kernel's wave-instructions (the
+    polls they move aside: benchmarks/timeline_overhead.py), and something: a stamped
+    build that stamped nothing would pass a bound alone."""
+    cost = profile.stamp_cost(Config(*CONFIG, arch).resolved())
+    assert 0 < cost.overhead <= profile.STAMP_BUDGET, f"{cost.overhead:.2%}"
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950"])
 def test_stamped_kernel_of_several_tasks_a_cta(arch):
     """A grid of 4 CTAs: each runs several tasks of a stage (the split and combine
     loops, two wo_a and two wo_b slots, wo_b's second without a wait); each task's
