@@ -77,13 +77,16 @@ MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of t
 WOA_WEIGHT_ROUNDS = 4
 # wo_b's weights (on CTAs of their own: after_split) go out when the split's last flag is
 # set, just as the combine, on every XCD, loads the split's partials: all at once, each XCD's
-# L2 would take ~1.3 MB of weight requests ahead of those loads (an XCD's L2 traffic shares
-# l2_bytes_per_cycle_per_xcd: 0.68 us of it on MI300X, 0.36 on MI355X; docs/timing-model.md).
-# In rounds a CTA holds a quarter of them in flight: 160 CTAs x 16 KB = 2.6 MB, still above
-# HBM's bandwidth x latency (MI300X 4.0 TB/s x 417 ns = 1.7 MB, MI355X 6.0 x 387 ns = 2.3 MB),
-# so the stream keeps HBM as busy and ends about one round trip later, inside its slack
-# before wo_a's flags (benchmarks/modeled_time.py, V4.1-Flash TP 4 S 1, 1 -> 4 rounds:
-# gfx942 combine end 5.77 -> 5.47 us, modeled 9.38 -> 8.94; gfx950 4.48 -> 4.45, 7.28 -> 7.25)
+# L2 holds ~1.3 MB of weight requests ahead of those loads. The model books their L2 bytes
+# at issue (l2_bytes_per_cycle_per_xcd: 0.68 us of them on MI300X, 0.36 on MI355X;
+# docs/timing-model.md), the GPU moves the data at HBM's pace but may queue the requests
+# (its order between CUs is undocumented, ibid.): fewer ahead is better either way. In
+# rounds a CTA holds a quarter in flight: 160 CTAs x 16 KB = 2.6 MB, still above HBM's
+# bandwidth x latency (MI300X 4.0 TB/s x 417 ns = 1.7 MB, MI355X 6.0 x 387 ns = 2.3 MB), so
+# the stream keeps HBM as busy and ends about a round trip later, inside its slack before
+# wo_a's flags (k2back profile, V4.1-Flash TP 4 S 1, 1 -> 4 rounds: gfx942 combine end
+# 5.77 -> 5.47 us, wo_b end 9.24 -> 8.94, modeled 9.38 -> 9.07; gfx950 4.48 -> 4.45,
+# 7.28 -> 7.25, 7.28 -> 7.25)
 WOB_WEIGHT_ROUNDS = 4
 
 
