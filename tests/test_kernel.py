@@ -354,17 +354,19 @@ def test_gemv_code_object(arch, geometry, tp, tokens):
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
-def test_wo_a_weights_stream_in_rounds(arch):
-    """wo_a's weight loads go out in weight_rounds rounds, each after a wait for the
-    data of the one before (fewer bytes queued ahead of the split's KV gathers), all
-    before the first flag poll."""
-    spec, kernel = build("v4.1-flash", 4, 1, 2, arch, ("wo_a",))
-    assert spec.wo_a.weight_rounds == 4
+@pytest.mark.parametrize("stage", ["wo_a", "wo_b"])
+def test_gemv_weights_stream_in_rounds(arch, stage):
+    """wo_a's and wo_b's weight loads go out in weight_rounds rounds, each after a
+    wait for the data of the one before (fewer bytes queued ahead of the split's KV
+    gathers, and of the combine's partials), all before the first flag poll."""
+    spec, kernel = build("v4.1-flash", 4, 1, 2, arch, (stage,))
+    st = getattr(spec, stage)
+    assert st.weight_rounds == 4
     lines = asm_lines(kernel)
     loads = [i for i, ln in enumerate(lines) if re.match(r"buffer_load_dwordx4 .* nt", ln)]
-    assert len(loads) == spec.wo_a.row_tiles * spec.wo_a.k_steps and loads[-1] < first(lines, r"s_sleep")
+    assert len(loads) == st.row_tiles * st.k_steps and loads[-1] < first(lines, r"s_sleep")
     waits = [i for i in range(loads[0], loads[-1]) if lines[i].startswith("s_waitcnt vmcnt")]
-    assert len(waits) >= spec.wo_a.weight_rounds - 1
+    assert len(waits) >= st.weight_rounds - 1
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))

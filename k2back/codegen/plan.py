@@ -20,8 +20,9 @@ launch in rounds (WOA_WEIGHT_ROUNDS), wo_b's (after_split, on CTAs of their own
 and, wrapping around, on the split's: done by then) once every split flag is
 set, so that the split's KV gathers, on the critical path, do not queue behind
 them (benchmarks/modeled_time.py: 11.65 -> 9.36 us, V4.1-Flash TP 4 S 1 gfx950;
-the rounds 8.99 -> 8.35). The epoch moves on a CTA whose work ends first
-(KernelSpec.epoch_cta).
+the rounds 8.99 -> 8.35), in rounds too (WOB_WEIGHT_ROUNDS), so that the
+combine's loads of the split's partials do not queue behind them. The epoch
+moves on a CTA whose work ends first (KernelSpec.epoch_cta).
 
 Build option `timeline` (name suffix `_timeline`, and the key: it is in the
 spec): a `timeline` scratch region, one row a CTA of u32 s_memrealtime stamps
@@ -82,6 +83,19 @@ MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of t
 # (benchmarks/modeled_time.py, V4.1-Flash TP 4 S 1: gfx950 8.99 -> 8.35 us, split end
 # 4.13 -> 3.43; gfx942 11.95 -> 11.18; 16 rounds, every load alone, gain no more)
 WOA_WEIGHT_ROUNDS = 4
+# wo_b's weights (on CTAs of their own: after_split) go out when the split's last flag is
+# set, just as the combine, on every XCD, loads the split's partials: all at once, each XCD's
+# L2 holds ~1.3 MB of weight requests ahead of those loads. The model books their L2 bytes
+# at issue (l2_bytes_per_cycle_per_xcd: 0.68 us of them on MI300X, 0.36 on MI355X;
+# docs/timing-model.md), the GPU moves the data at HBM's pace but may queue the requests
+# (its order between CUs is undocumented, ibid.): fewer ahead is better either way. In
+# rounds a CTA holds a quarter in flight: 160 CTAs x 16 KB = 2.6 MB, still above HBM's
+# bandwidth x latency (MI300X 4.0 TB/s x 417 ns = 1.7 MB, MI355X 6.0 x 387 ns = 2.3 MB), so
+# the stream keeps HBM as busy and ends about a round trip later, inside its slack before
+# wo_a's flags (k2back profile, V4.1-Flash TP 4 S 1, 1 -> 4 rounds: gfx942 combine end
+# 5.77 -> 5.47 us, wo_b end 9.24 -> 8.94, modeled 9.38 -> 9.07; gfx950 4.48 -> 4.45,
+# 7.28 -> 7.25, 7.28 -> 7.25)
+WOB_WEIGHT_ROUNDS = 4
 
 
 @dataclass(frozen=True)
@@ -527,12 +541,13 @@ def _gemv_stages(geo, rank: RankShape, tokens: int, att: AttentionPlan, blocks: 
             break
     # CTAs of their own (no earlier work) would stream wo_b's weights from launch,
     # in front of the split's KV gathers on the critical path: they start once the
-    # split is done (wo_b's flags come two hand-offs later)
+    # split is done (wo_b's flags come two hand-offs later), in rounds (WOB_WEIGHT_ROUNDS)
     wob_loads = wob_rows // TILE * wob_steps
     wo_b = _gemv_stage(
         "wo_b", mma, tokens, wob_tasks, busy % blocks, wob_ctas,
         batch=_batch_fits(math.ceil(wob_tasks / wob_ctas) * wob_loads, token_tiles),
         after_split=wob_ctas <= free,
+        weight_rounds=WOB_WEIGHT_ROUNDS if wob_ctas <= free else 1,
         rows=wob_rows, k=rank.o_rows,
         x_batch=_x_batch(wob_steps, mma.code_steps, token_tiles, wob_loads),
         weight="wo_b", weight_scale="wo_b_scale", x="x8b", x_codes="x8b_codes",
