@@ -327,7 +327,8 @@ class Overlay:
             if entry is None:
                 continue
             data, present = entry
-            offsets = np.flatnonzero(present) if offsets is None else offsets[present[offsets]]
+            # an atomic's lanes may repeat an address: each byte is taken once, in order
+            offsets = np.flatnonzero(present) if offsets is None else np.unique(offsets[present[offsets]])
             if offsets.size:
                 addresses.append((page << PAGE_BITS) + offsets)
                 values.append(data[offsets].copy())
