@@ -307,9 +307,15 @@ class KernelSpec:
         `stage`; its kth task's is k records further."""
         return (self.stamp_rows[stage][0] + TASK_STAMPS.index(kind)) * STAMP_BYTES
 
+    @property
+    def wait_word_bytes(self) -> int:
+        """Bytes from one wave's word of wait_words to the next's: a wave's lanes, so
+        that wave w's word is at %tid & -wait_word_bytes past wave 0's."""
+        return WAVE
+
     def wait_words(self, stage: str, nth: int) -> int | None:
         """LDS offset of wave 0's word where the waves of this CTA's `nth` task of
-        `stage` write their wait ends (wave w's WAVE·w bytes on: at %tid & -WAVE; the
+        `stage` write their wait ends (wave w's wait_word_bytes·w bytes on; the
         sets of WAIT_WORDS side by side; a timeline build), None: the stage's waits
         are not the waves'."""
         key = (stage, nth % 2 if stage == "wo_a" else 0)
