@@ -703,15 +703,19 @@ class StrictMemory(IdealMemory):
             waves = self.polled.get(line)
             if waves:
                 self._write_back_line(line)
+                refreshed = set()  # a CU's caches drop the line once: again would change nothing
                 for w in list(waves):
-                    self._refresh(line, w)
+                    cu = w.group.cu
+                    if cu not in refreshed:
+                        refreshed.add(cu)
+                        self._refresh(line, cu)
                     self.wake(w)
                 woke = True
         return woke
 
     def _make_coherent(self, line: int, w) -> None:
         self._write_back_line(line)
-        self._refresh(line, w)
+        self._refresh(line, w.group.cu)
 
     def _write_back_line(self, line: int) -> None:
         """Every L2's dirty bytes of `line` to memory."""
@@ -719,9 +723,8 @@ class StrictMemory(IdealMemory):
             if l2.dirty:
                 self._write_back(l2, l2.dirty.take_line(line))
 
-    def _refresh(self, line: int, w) -> None:
-        """w's caches drop their copies of `line`: its next read sees memory."""
-        cu = w.group.cu
+    def _refresh(self, line: int, cu) -> None:
+        """The caches of a wave's CU drop their copies of `line`: its next read sees memory."""
         if cu.l2.stale.has_page(line):
             self._save_lines(cu.l2, [line], keep=cu.l1)
             cu.l2.stale.drop_line(line)
