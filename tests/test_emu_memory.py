@@ -405,6 +405,168 @@ def test_a_batched_load_out_of_range_names_its_wave(arch):
         run_handwritten(arch, body, np.zeros(64, np.uint32), block=(256,))
 
 
+# ---- vector stores batched over the waves of a workgroup (memops.vmem_store): each
+# wave issues the store of its own lanes, so the bytes, the order they perform in and
+# the counters are those of wave by wave (a trace turns batching off). 8 waves; `out`
+# (64 KiB) starts as random words; each store writes a region of its own but R3,
+# which every wave writes (the last wave to perform wins). Byte offsets:
+# R0 0 (64-bit address), R1 2048 (SGPR base), R2 4096 + 256 wave (an SGPR base per
+# wave), R3 6144 (lane), R4 8192 (short), R5 10240 (byte d16_hi), R6 12288 (dwordx4),
+# buffers at 24576 (dwordx2, lanes wholly out of range), 32768 (dwordx4, a lane partly
+# out of range), 40960 (num_records per wave), 57344 (short under per-wave exec, wave
+# 0's empty), 49152 (dword under it), 61440 (a load of the wave's own unperformed R1
+# store, stored after s_waitcnt).
+WAVE_STORES = """
+\ts_load_dwordx2 s[2:3], s[0:1], 0x0
+\tv_lshrrev_b32_e32 v30, 6, v0
+\ts_nop 0
+\tv_readfirstlane_b32 s12, v30
+\tv_and_b32_e32 v31, 63, v0
+\tv_lshlrev_b32_e32 v1, 2, v0
+\tv_mul_u32_u24_e32 v20, 0x10001, v0
+\tv_add_u32_e32 v21, 0x5eed0000, v0
+\tv_mul_u32_u24_e32 v22, 0x10101, v0
+\tv_xor_b32_e32 v23, 0x77, v0
+\tv_lshlrev_b32_e32 v6, 2, v31
+\tv_lshlrev_b32_e32 v7, 1, v0
+\tv_lshlrev_b32_e32 v9, 4, v0
+\tv_mul_u32_u24_e32 v4, 0x88, v0
+\tv_mul_u32_u24_e32 v5, 20, v0
+\ts_waitcnt lgkmcnt(0)
+\tv_mov_b32_e32 v3, s3
+\tv_add_co_u32_e32 v2, vcc, s2, v1
+\tv_addc_co_u32_e32 v3, vcc, 0, v3, vcc
+\tglobal_store_dword v[2:3], v20, off
+\tglobal_store_dword v1, v21, s[2:3] offset:2048
+\ts_lshl_b32 s13, s12, 8
+\ts_add_u32 s14, s2, s13
+\ts_addc_u32 s15, s3, 0
+\tglobal_store_dword v6, v22, s[14:15] offset:4096
+\tglobal_store_dword v6, v20, s[2:3] offset:6144
+\tglobal_store_short v7, v22, s[2:3] offset:8192
+\tglobal_store_byte_d16_hi v0, v22, s[2:3] offset:10240
+\tglobal_store_dwordx4 v9, v[20:23], s[2:3] offset:12288
+\ts_add_u32 s8, s2, 0x6000
+\ts_addc_u32 s9, s3, 0
+\ts_and_b32 s9, s9, 0xffff
+\ts_movk_i32 s10, 0x1fc8
+\ts_mov_b32 s11, 0x20000
+\tbuffer_store_dwordx2 v[20:21], v4, s[8:11], 0 offen offset:8
+\ts_add_u32 s24, s2, 0x8000
+\ts_addc_u32 s25, s3, 0
+\ts_and_b32 s25, s25, 0xffff
+\ts_movk_i32 s26, 0x1fc6
+\ts_mov_b32 s27, 0x20000
+\tbuffer_store_dwordx4 v[20:23], v5, s[24:27], 0 offen offset:60
+\ts_add_u32 s28, s2, 0xa000
+\ts_addc_u32 s29, s3, 0
+\ts_and_b32 s29, s29, 0xffff
+\ts_add_u32 s30, s12, 0x1f00
+\ts_mov_b32 s31, 0x20000
+\tbuffer_store_dword v21, v5, s[28:31], 0 offen
+\tglobal_load_dword v24, v1, s[2:3] offset:2048
+\ts_add_u32 s32, s2, 0xe000
+\ts_addc_u32 s33, s3, 0
+\ts_and_b32 s33, s33, 0xffff
+\ts_movk_i32 s34, 0x800
+\ts_mov_b32 s35, 0x20000
+\ts_add_u32 s16, s2, 0xc000
+\ts_addc_u32 s17, s3, 0
+\tv_mul_u32_u24_e32 v8, 7, v30
+\tv_cmp_lt_u32_e32 vcc, v31, v8
+\ts_and_saveexec_b64 s[20:21], vcc
+\tbuffer_store_short v23, v1, s[32:35], 0 offen offset:4
+\tglobal_store_dword v1, v23, s[16:17]
+\ts_or_b64 exec, exec, s[20:21]
+\ts_waitcnt vmcnt(0)
+\ts_add_u32 s18, s2, 0xf000
+\ts_addc_u32 s19, s3, 0
+\tglobal_store_dword v1, v24, s[18:19]
+\ts_waitcnt vmcnt(0)
+"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_batched_vector_stores_match_wave_by_wave(arch, monkeypatch):
+    """Global stores (64-bit address, SGPR base, an SGPR base that differs per wave,
+    sub-dword, d16_hi, dwordx4), buffer stores with lanes wholly and partly out of
+    range and a per-wave num_records, stores under per-wave exec masks (one wave's
+    empty), every wave storing to the same words, and a load of the wave's own
+    unperformed store: batched (the stores reach DecodeContext.store as a Batch),
+    they leave the bytes and counters of wave by wave, and those of an independent
+    model."""
+    from k2back.emu import machine as machine_module
+    from k2back.emu.testing import handwritten
+
+    issued = []
+    store = machine_module.DecodeContext.store
+
+    def spy(self, w, *args):
+        issued.append(w.waves is not None)
+        return store(self, w, *args)
+    monkeypatch.setattr(machine_module.DecodeContext, "store", spy)
+    image = rng(43).integers(0, 2**32, 16384, dtype=np.uint64).astype(np.uint32)
+    results, all_stats = [], []
+    for batched in (True, False):
+        issued.clear()
+        out = image.copy()
+        machine = Machine(arch, trace=None if batched else (lambda w, ins: None))
+        kernargs = machine.map(out).to_bytes(8, "little")
+        stats = machine.launch(handwritten(arch, WAVE_STORES), "hand", block=(512,), kernargs=kernargs)
+        assert any(issued) == batched
+        results.append(out)
+        all_stats.append(stats)
+    np.testing.assert_array_equal(results[0], results[1])
+    keys = ("instructions", "bytes_read", "bytes_written", "cache_policy", "stale_bytes", "written_back")
+    counted = [{k: getattr(s, k) for k in keys} for s in all_stats]
+    assert counted[0] == counted[1]
+
+    t = np.arange(512, dtype=np.uint32)
+    wave, lane = t // 64, t % 64
+    v20, v21, v22, v23 = t * 0x10001, t + 0x5eed0000, t * 0x10101, t ^ 0x77
+    expect = image.copy()
+    data = expect.view(np.uint8)
+    expect[t] = v20
+    expect[512 + t] = v21
+    expect[1024 + 64 * wave + lane] = v22
+    data[8192 + 2 * t.astype(np.int64)] = v22 & 0xFF
+    data[8193 + 2 * t.astype(np.int64)] = (v22 >> 8) & 0xFF
+    data[10240 + t] = (v22 >> 16) & 0xFF
+    expect[3072 + 4 * t], expect[3073 + 4 * t], expect[3074 + 4 * t], expect[3075 + 4 * t] = v20, v21, v22, v23
+
+    def buffer_dwords(base, starts, records, values):
+        for start, limit, value in zip(starts.tolist(), np.broadcast_to(records, starts.shape).tolist(), values):
+            for j, word in enumerate(value):
+                if start + 4 * j + 4 <= limit:
+                    expect[(base + start) // 4 + j] = word
+    buffer_dwords(0x6000, 136 * t + 8, 0x1fc8, zip(v20, v21))
+    buffer_dwords(0x8000, 20 * t + 60, 0x1fc6, zip(v20, v21, v22, v23))
+    buffer_dwords(0xa000, 20 * t, 0x1f00 + wave, zip(v21))
+    active = lane < 7 * wave
+    for i in np.flatnonzero(active):
+        data[0xe000 + 4 * i + 4:0xe000 + 4 * i + 6] = v23[i:i + 1].view(np.uint8)[:2]
+    expect[0xc000 // 4 + t[active]] = v23[active]
+    expect[0xf000 // 4 + t] = v21  # the wave's own R1 store
+    expect[1536:1600] = results[0][1536:1600]  # R3: some wave's lanes, checked below
+    np.testing.assert_array_equal(results[0], expect)
+    assert any((results[0][1536:1600] == v20[64 * k:64 * k + 64]).all() for k in range(8))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_batched_store_out_of_range_names_its_wave(arch):
+    from k2back.emu.testing import run_handwritten
+
+    body = r"""
+	s_load_dwordx2 s[2:3], s[0:1], 0x0
+	v_lshrrev_b32_e32 v30, 6, v0
+	v_lshlrev_b32_e32 v1, 20, v30
+	s_waitcnt lgkmcnt(0)
+	global_store_dword v1, v30, s[2:3]
+	s_waitcnt vmcnt(0)"""
+    with pytest.raises(MemoryFault, match=r"by workgroup 0 wave 1, line \d+: global_store_dword"):
+        run_handwritten(arch, body, np.zeros(64, np.uint32), block=(256,))
+
+
 def test_a_regions_rows_are_its_bytes_at_any_alignment():
     """Region.rows (a vector load's bytes: a record each when every lane is aligned
     to a 4, 8 or 16 byte access, else a byte window) returns the bytes at each

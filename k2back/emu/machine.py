@@ -170,14 +170,27 @@ class DecodeContext:
                 inflight.forward(v, addresses[s], size, data[s])
         return data
 
-    def store(self, w, ins, addresses, data, who) -> None:
-        """Issue a store of data [lanes, size]: performed when a counter retires it."""
+    def store(self, w, ins, addresses, data, who, owners=None) -> None:
+        """Issue a store of data [lanes, size]: performed when a counter retires it.
+        For a Batch of one workgroup's waves, `owners` is each address's wave
+        (position, ascending): the bytes are checked and counted at once, and each
+        wave with an active lane issues the store of its own, in wave order."""
+        size = data.shape[1]
         if addresses.size:
-            self.mem.touch(addresses, data.shape[1], who)
-            inflight.issue_store(w, ins, self.mem, byte_addresses(addresses, data.shape[1]),
-                                 data.reshape(-1).copy())
-        else:
-            inflight.issue_vm(w, ins)
+            self.mem.touch(addresses, size, who)
+            flat, values = byte_addresses(addresses, size), data.reshape(-1).copy()
+        if owners is None:
+            if addresses.size:
+                inflight.issue_store(w, ins, self.mem, flat, values)
+            else:
+                inflight.issue_vm(w, ins)
+            return
+        bounds = (np.searchsorted(owners, np.arange(len(w.waves) + 1)) * size).tolist()
+        for v, a, b in zip(w.waves, bounds, bounds[1:]):
+            if a < b:
+                inflight.issue_store(v, ins, self.mem, flat[a:b], values[a:b])
+            elif v.exec:
+                inflight.issue_vm(v, ins)
 
     def atomic(self, w, addresses, dtype, update, sources, who):
         """A read-modify-write at memory after the wave's own earlier stores; returns
@@ -283,7 +296,7 @@ class Machine:
                     timer.schedule(groups, code, kernel, stats, scoreboard)
                 else:
                     # batches of one workgroup: its LDS, its CU's caches
-                    by_group = [cls in ("lds", "vmem_load") for cls in classes]
+                    by_group = [cls in ("lds", "vmem_load", "vmem_store") for cls in classes]
                     self._schedule(groups, registers, code, (batchable, stops, jumps, by_group), kernel, stats,
                                    scoreboard)
             mem.end()

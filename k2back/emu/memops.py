@@ -115,8 +115,20 @@ def vmem_load(counter, access, ins, dst: int):
     `access` once over their active lanes, each wave counted and issued as
     though it ran alone, in wave order. Wave by wave when the waves disagree on
     an SGPR operand (_PerWave) or an access faults (the error names the wave)."""
-    alone = vmem(counter, access, ins, dst)
+    def issued(waves):
+        for v in waves:
+            inflight.issue_vm(v, ins, dst if v.exec else 0)
+    return _over_workgroup(counter, access, vmem(counter, access, ins, dst), issued)
 
+
+def _over_workgroup(counter, access, alone, issued):
+    """A vector memory instruction a Batch of one workgroup's waves runs once:
+    `access(batch)` over their active lanes, then `issued(waves)` (what access
+    leaves to do for each wave, in wave order); each wave that has an active lane
+    counted. `alone(wave)` runs it for one wave: for a wave, for each wave of a
+    batch of several workgroups (several CUs), and for each wave of a batch whose
+    waves disagree on an SGPR operand (_PerWave) or whose access faults (the
+    error names the wave)."""
     def run(w):
         waves = w.waves
         if waves is None:
@@ -134,8 +146,7 @@ def vmem_load(counter, access, ins, dst: int):
                 alone(v)
             return
         counter[0] += live
-        for v in waves:
-            inflight.issue_vm(v, ins, dst if v.exec else 0)
+        issued(waves)
     run.batchable = True
     return run
 
@@ -170,14 +181,22 @@ def owners(w):
 
 
 def vmem_store(counter, access, ins):
-    """A store: `access(w)` issues it (with exec 0 it still counts in vmcnt)."""
-    def run(w):
+    """A store: `access(w)` issues it (with exec 0 it still counts in vmcnt). A
+    Batch of one workgroup's waves (state.Batch) runs `access` once: it issues
+    each wave's store of its own lanes, in wave order (DecodeContext.store), and a
+    wave with exec 0 issues it after (each wave's queue is its own)."""
+    def alone(w):
         if w.exec:
             counter[0] += 1
             access(w)
         else:
             inflight.issue_vm(w, ins)
-    return run
+
+    def issued(waves):
+        for v in waves:
+            if not v.exec:
+                inflight.issue_vm(v, ins)
+    return _over_workgroup(counter, access, alone, issued)
 
 
 def row_bits(row: int, count: int) -> int:
@@ -229,7 +248,7 @@ def decode_global(ins, ctx):
         return vmem_load(counter, load, ins, row_bits(row, registers(size)))
 
     def store(w):
-        ctx.store(w, ins, address(w), store_bytes(w, row, size, kind), who(w, ins))
+        ctx.store(w, ins, address(w), store_bytes(w, row, size, kind), who(w, ins), owners(w))
     return vmem_store(counter, store, ins)
 
 
@@ -389,13 +408,15 @@ def decode_buffer(ins, ctx):
     def store(w):
         addresses, whole, parts = locate(w, element, count)
         data = store_bytes(w, row, size, kind)
+        lanes = owners(w)
         if whole is None:
-            ctx.store(w, ins, addresses, data, who(w, ins))
+            ctx.store(w, ins, addresses, data, who(w, ins), lanes)
         elif parts is None:  # whole lanes (the same bytes as element by element)
-            ctx.store(w, ins, addresses[whole], data[whole], who(w, ins))
+            ctx.store(w, ins, addresses[whole], data[whole], who(w, ins), None if lanes is None else lanes[whole])
         else:
             elements, in_range = parts
-            ctx.store(w, ins, elements[in_range], data.reshape(elements.shape + (element,))[in_range], who(w, ins))
+            ctx.store(w, ins, elements[in_range], data.reshape(elements.shape + (element,))[in_range], who(w, ins),
+                      None if lanes is None else np.broadcast_to(lanes[:, None], in_range.shape)[in_range])
     return vmem_store(counter, store, ins)
 
 
