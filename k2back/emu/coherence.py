@@ -119,6 +119,16 @@ def lines_list(addresses: np.ndarray, size: int) -> list[int]:
     return list(set(first.tolist()))
 
 
+def sorted_lines(addresses: np.ndarray, size: int) -> list[int]:
+    """lines_of as a list; for the few lanes of a poll's load, without numpy."""
+    if addresses.size > 32:
+        return lines_of(addresses, size).tolist()
+    starts = addresses.tolist()
+    if size > 1 and any((a ^ (a + size - 1)) >> LINE_BITS for a in starts):  # one crosses a line
+        return lines_of(addresses, size).tolist()
+    return sorted({a >> LINE_BITS for a in starts})
+
+
 def _line_bits(offsets: np.ndarray) -> int:
     """The lines of a page that byte `offsets` in it fall in, as the bits of an int."""
     return int(np.bitwise_or.reduce(np.uint32(1) << (offsets >> LINE_BITS).astype(np.uint32)))
@@ -213,9 +223,9 @@ class Overlay:
         if held is None:
             return None
         data, present, where = held
-        offsets = np.flatnonzero(present[where])
-        taken = None
-        if offsets.size:
+        taken, chunk = None, present[where]
+        if chunk.any():
+            offsets = np.flatnonzero(chunk)
             taken = (line << LINE_BITS) + offsets, data[where][offsets]
             present[where] = False
         if not present.any():
@@ -682,7 +692,7 @@ class StrictMemory(IdealMemory):
         self.unpoll(w)
         if w.last_load is None:
             return
-        lines = lines_of(*w.last_load).tolist()
+        lines = sorted_lines(*w.last_load)
         for line in lines:
             self._make_coherent(line, w)
             self.polled.setdefault(line, set()).add(w)
@@ -720,8 +730,9 @@ class StrictMemory(IdealMemory):
     def _write_back_line(self, line: int) -> None:
         """Every L2's dirty bytes of `line` to memory."""
         for l2 in self.l2s:
-            if l2.dirty:
-                self._write_back(l2, l2.dirty.take_line(line))
+            dirty = l2.dirty
+            if dirty.pages or dirty.queued or dirty.later:  # bool(dirty), without the call
+                self._write_back(l2, dirty.take_line(line))
 
     def _refresh(self, line: int, cu) -> None:
         """The caches of a wave's CU drop their copies of `line`: its next read sees memory."""
