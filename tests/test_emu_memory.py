@@ -567,6 +567,91 @@ def test_a_batched_store_out_of_range_names_its_wave(arch):
         run_handwritten(arch, body, np.zeros(64, np.uint32), block=(256,))
 
 
+# ---- vector loads and stores batched over the waves of several workgroups (a
+# batch of a stage's workgroups, machine._turns): one access, each workgroup's CU
+# its own view of its lanes (DecodeContext.load), a workgroup at a time where
+# the workgroups disagree on an SGPR (memops.ByWorkgroup). 8 workgroups of 2
+# waves, one a XCD: every workgroup stores its id to words 0..127 and reads them
+# back (its own L2's dirty bytes), reads words memory still holds through L1 and
+# with sc1, and through a base address of its own; results at 16384 + 4096 k +
+# 512 workgroup bytes.
+GROUP_LOADS = """
+\ts_mov_b32 s12, s2
+\ts_load_dwordx2 s[2:3], s[0:1], 0x0
+\tv_lshlrev_b32_e32 v1, 2, v0
+\tv_mov_b32_e32 v20, s12
+\tv_lshlrev_b32_e32 v21, 16, v20
+\tv_or_b32_e32 v21, v21, v0
+\tv_lshlrev_b32_e32 v22, 9, v20
+\tv_add_u32_e32 v22, v22, v1
+\ts_waitcnt lgkmcnt(0)
+\tglobal_load_dword v10, v1, s[2:3] offset:4096
+\ts_nop 0
+\tglobal_store_dword v1, v21, s[2:3]
+\ts_waitcnt vmcnt(0)
+\tglobal_load_dword v11, v1, s[2:3]
+\tglobal_load_dword v12, v1, s[2:3] offset:4096 sc1
+\ts_lshl_b32 s13, s12, 9
+\ts_add_u32 s14, s2, s13
+\ts_addc_u32 s15, s3, 0
+\tglobal_load_dword v13, v1, s[14:15] offset:8192
+\ts_waitcnt vmcnt(0)
+\tglobal_store_dword v22, v10, s[2:3] offset:16384
+\tglobal_store_dword v22, v11, s[2:3] offset:20480
+\tglobal_store_dword v22, v12, s[2:3] offset:24576
+\tglobal_store_dword v22, v13, s[2:3] offset:28672
+\ts_waitcnt vmcnt(0)
+"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_loads_and_stores_batched_over_workgroups_match_wave_by_wave(arch, monkeypatch):
+    """Loads and stores of a batch of several workgroups' waves leave the bytes and
+    counters of one workgroup at a time and of wave by wave, and those of an
+    independent model: each workgroup reads its own L2's dirty bytes of words every
+    workgroup stored, memory's bytes elsewhere, and through its own base address."""
+    from k2back.emu import machine as machine_module
+    from k2back.emu.testing import handwritten
+
+    across = []
+    load_over_waves, store = machine_module.DecodeContext._load_over_waves, machine_module.DecodeContext.store
+
+    def spy_load(self, batch, *args):
+        across.append(batch.group is None)
+        return load_over_waves(self, batch, *args)
+
+    def spy_store(self, w, *args):
+        across.append(w.waves is not None and w.group is None)
+        return store(self, w, *args)
+    monkeypatch.setattr(machine_module.DecodeContext, "_load_over_waves", spy_load)
+    monkeypatch.setattr(machine_module.DecodeContext, "store", spy_store)
+    image = rng(44).integers(0, 2**32, 8192, dtype=np.uint64).astype(np.uint32)
+    results, all_stats = [], []
+    for mode in ("across", "by workgroup", "wave by wave"):
+        across.clear()
+        out = image.copy()
+        machine = Machine(arch, trace=(lambda w, ins: None) if mode == "wave by wave" else None)
+        machine.batch_workgroups = mode == "across"
+        kernargs = machine.map(out).to_bytes(8, "little")
+        stats = machine.launch(handwritten(arch, GROUP_LOADS), "hand", grid=(8,), block=(128,), kernargs=kernargs)
+        assert any(across) == (mode == "across"), mode
+        results.append(out)
+        all_stats.append(stats)
+    keys = ("instructions", "bytes_read", "bytes_written", "cache_policy", "stale_bytes", "written_back")
+    for got, stats in zip(results[1:], all_stats[1:]):
+        np.testing.assert_array_equal(results[0], got)
+        assert {k: getattr(stats, k) for k in keys} == {k: getattr(all_stats[0], k) for k in keys}
+    group, tid = np.divmod(np.arange(8 * 128), 128)
+    stored = (group << 16 | tid).astype(np.uint32)
+    expect = image.copy()
+    expect[:128] = stored[-128:]  # the end-of-kernel write-backs, XCD 7's last
+    expect[4096:5120] = image[1024 + tid]
+    expect[5120:6144] = stored
+    expect[6144:7168] = image[1024 + tid]
+    expect[7168:8192] = image[2048 + 128 * group + tid]
+    np.testing.assert_array_equal(results[0], expect)
+
+
 def test_a_regions_rows_are_its_bytes_at_any_alignment():
     """Region.rows (a vector load's bytes: a record each when every lane is aligned
     to a 4, 8 or 16 byte access, else a byte window) returns the bytes at each

@@ -469,7 +469,9 @@ class IdealMemory:
             region.written += offsets.size * size
             region.touched = True
 
-    def load(self, w, addresses, size: int, who, through_l1: bool) -> np.ndarray:
+    def load(self, w, addresses, size: int, who, through_l1: bool, cus=None) -> np.ndarray:
+        """uint8 [lanes, size] a vector load of `w` reads (`cus`, for a batch of
+        several workgroups' waves: [(CU, the slice of the lanes of its waves)])."""
         return self.memory.read(addresses, size, who)
 
     def load_scalar(self, w, region, start: int, count: int, cached: bool) -> np.ndarray:
@@ -517,22 +519,28 @@ class StrictMemory(IdealMemory):
 
     # ------------------------------------------------------------------ reads
 
-    def load(self, w, addresses, size: int, who, through_l1: bool) -> np.ndarray:
+    def load(self, w, addresses, size: int, who, through_l1: bool, cus=None) -> np.ndarray:
+        """Memory's bytes, read at once, then each CU's view of its lanes' (`cus`,
+        for several workgroups' waves, in their order; else w's CU, all lanes):
+        a CU's caches change no byte another CU reads."""
         data, touched = self.memory.read_touched(addresses, size, who)
-        cu = w.group.cu
-        if not touched:
+        if not touched and through_l1:
+            base = self.memory.region_of(int(addresses[0]), size, who).base
+        for cu, lanes in cus or ((w.group.cu, slice(None)),):
+            if not touched:
+                if through_l1:
+                    cu.l1.hold_region(base)
+                continue
+            mine = addresses[lanes]
+            l2 = cu.l2
+            if l2.stale or l2.dirty or (through_l1 and cu.l1.copies):
+                flat = byte_addresses(mine, size)
+                values = data[lanes].reshape(-1)  # a view: the lanes' rows are consecutive
+                self._view(l2, flat, values, count=True)
+                if through_l1:
+                    self.stale_bytes += cu.l1.copies.apply(flat, values)
             if through_l1:
-                cu.l1.hold_region(self.memory.region_of(int(addresses[0]), size, who).base)
-            return data
-        l2 = cu.l2
-        if l2.stale or l2.dirty or (through_l1 and cu.l1.copies):
-            flat = byte_addresses(addresses, size)
-            values = data.reshape(-1)
-            self._view(l2, flat, values, count=True)
-            if through_l1:
-                self.stale_bytes += cu.l1.copies.apply(flat, values)
-        if through_l1:
-            cu.l1.hold(lines_list(addresses, size))
+                cu.l1.hold(lines_list(mine, size))
         return data
 
     def load_scalar(self, w, region, start: int, count: int, cached: bool) -> np.ndarray:

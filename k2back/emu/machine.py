@@ -7,7 +7,8 @@ VALU, MFMA or LDS-read instruction run it once over [waves, 64] lanes
 (`Machine._run_turn`). Consecutive workgroups whose waves are at the same places
 when their turns come (the workgroups of a stage) take one turn together: their
 waves run as the waves of one workgroup, a VALU or MFMA instruction once for all
-(`_turns`; LDS instructions per workgroup). A wave gives up the rest of its quantum at `s_sleep N`
+(`_turns`; a vector load or store too, each workgroup's CU its own view; LDS
+instructions per workgroup). A wave gives up the rest of its quantum at `s_sleep N`
 (and then sits out N rounds, unless a store reaches the line it polls:
 coherence.py), at `s_barrier` (until every live wave of its workgroup arrived),
 at `s_endpgm`, and when an `s_waitcnt` stops between two stores it retires
@@ -49,7 +50,7 @@ from . import numerics as nx
 from .coherence import MEMORY_MODELS, IdealMemory, StrictMemory, byte_addresses
 from .errors import Deadlock, EmulatorError, UnsupportedInstruction
 from .matrix import decode_mfma
-from .memops import decode_buffer, decode_ds, decode_global, decode_smem
+from .memops import ByWorkgroup, decode_buffer, decode_ds, decode_global, decode_smem
 from .memory import GlobalMemory
 from .operands import parse, scalar_reader, scalar_writer
 from .salu import decode_branch, decode_sop
@@ -164,7 +165,16 @@ class DecodeContext:
             if v.polled_lines:
                 mem.unpoll(v)
             v.last_load = (addresses[s], size)
-        data = mem.load(batch, addresses, size, who, through_l1)
+        cus = None
+        if batch.group is None:  # waves of several workgroups: each one's CU and lanes
+            runs = []  # [workgroup, first lane, end]
+            for v, s in spans:
+                if runs and runs[-1][0] is v.group:
+                    runs[-1][2] = s.stop
+                else:
+                    runs.append([v.group, s.start, s.stop])
+            cus = [(group.cu, slice(a, b)) for group, a, b in runs]
+        data = mem.load(batch, addresses, size, who, through_l1, cus)
         for v, s in spans:
             if v.unperformed:
                 inflight.forward(v, addresses[s], size, data[s])
@@ -295,8 +305,8 @@ class Machine:
                 if timer is not None:  # timing mode: waves one at a time, in modeled time order
                     timer.schedule(groups, code, kernel, stats, scoreboard)
                 else:
-                    # batches of one workgroup: its LDS, its CU's caches
-                    by_group = [cls in ("lds", "vmem_load", "vmem_store") for cls in classes]
+                    # batches of one workgroup: its LDS
+                    by_group = [cls == "lds" for cls in classes]
                     self._schedule(groups, registers, code, (batchable, stops, jumps, by_group), kernel, stats,
                                    scoreboard)
             mem.end()
@@ -503,10 +513,9 @@ class Machine:
                             scoreboard.check(w, pc)
                 taken += 1
                 if count > 1 and batchable[pc]:
-                    within = by_group[pc]  # LDS, vector loads: a workgroup's own
+                    within = by_group[pc]  # LDS: a workgroup's own
                     runs[within] = runs[within] or _contiguous(grid, at, by_group=within)
-                    self._run_batched(runs[within], code[pc], kernel, pc)
-                    batches += len(runs[within])
+                    batches += self._run_batched(grid, runs[within], code[pc], kernel, pc)
                     hits[pc] += count
                     batched += count
                     if effects[pc][2]:  # a load (LDS): its destinations are pending now
@@ -558,17 +567,24 @@ class Machine:
         return stopped, performed
 
     @staticmethod
-    def _run_batched(runs, run, kernel, pc) -> None:
-        """Run the instruction at `pc` once for each of `runs` (state.Batch or a wave)."""
+    def _run_batched(grid, runs, run, kernel, pc) -> int:
+        """Run the instruction at `pc` once for each of `runs` (state.Batch or a wave),
+        a batch of several workgroups a workgroup at a time when it says so
+        (memops.ByWorkgroup); returns how many runs it took."""
+        taken = 0
         for batch in runs:
             if batch.waves is not None:
                 batch.read_exec()
             try:
                 run(batch)
+                taken += 1
+            except ByWorkgroup:
+                taken += Machine._run_batched(grid, _contiguous(grid, batch.waves, by_group=True), run, kernel, pc)
             except Exception as error:  # numpy/indexing failures inside an instruction too
                 if isinstance(error, EmulatorError) and "wave" in str(error):
                     raise
                 raise _named(error, batch, kernel, pc) from error
+        return taken
 
     def _run_quantum(self, w, code, hits, kernel, scoreboard, budget, stops=None):
         """Run `w` for up to `budget` instructions, stopping before one of `stops`

@@ -111,10 +111,10 @@ def vmem(counter, access, ins, dst: int = 0):
 
 
 def vmem_load(counter, access, ins, dst: int):
-    """A vector load (vmem): a Batch of one workgroup's waves (state.Batch) runs
-    `access` once over their active lanes, each wave counted and issued as
-    though it ran alone, in wave order. Wave by wave when the waves disagree on
-    an SGPR operand (_PerWave) or an access faults (the error names the wave)."""
+    """A vector load (vmem): a Batch (state.Batch) runs `access` once over its
+    waves' active lanes, each wave counted and issued as though it ran alone, in
+    wave order (_over_workgroup: where the waves disagree on an SGPR operand or
+    an access faults, a workgroup at a time, then wave by wave)."""
     def issued(waves):
         for v in waves:
             inflight.issue_vm(v, ins, dst if v.exec else 0)
@@ -122,26 +122,33 @@ def vmem_load(counter, access, ins, dst: int):
 
 
 def _over_workgroup(counter, access, alone, issued):
-    """A vector memory instruction a Batch of one workgroup's waves runs once:
-    `access(batch)` over their active lanes, then `issued(waves)` (what access
-    leaves to do for each wave, in wave order); each wave that has an active lane
-    counted. `alone(wave)` runs it for one wave: for a wave, for each wave of a
-    batch of several workgroups (several CUs), and for each wave of a batch whose
-    waves disagree on an SGPR operand (_PerWave) or whose access faults (the
-    error names the wave)."""
+    """A vector memory instruction a Batch (state.Batch) runs once: `access(batch)`
+    over its waves' active lanes, then `issued(waves)` (what access leaves to do
+    for each wave, in wave order); each wave that has an active lane counted.
+    `alone(wave)` runs it for one wave: for a wave, and for each wave of a batch
+    of one workgroup whose waves disagree on an SGPR operand (_PerWave) or whose
+    access faults (the error names the wave). A batch of several workgroups
+    (several CUs: DecodeContext.load gives each its lanes) raises ByWorkgroup
+    there instead, before anything is done (but what a fault, which ends the
+    launch anyway, leaves): the machine runs it a workgroup at a time, and so
+    it does at once for every later batch of several workgroups (the operand the
+    workgroups disagreed on, a base address mostly, is a workgroup's own)."""
+    split = []  # not empty once a batch of several workgroups had to split
+
     def run(w):
         waves = w.waves
         if waves is None:
             return alone(w)
-        if w.group is None:  # a batch of several workgroups: several CUs
-            for v in waves:
-                alone(v)
-            return
+        if split and w.group is None:
+            raise ByWorkgroup
         try:
             live = sum(1 for v in waves if v.exec)
             if live:
                 access(w)
         except (_PerWave, EmulatorError):
+            if w.group is None:
+                split.append(True)
+                raise ByWorkgroup from None
             for v in waves:
                 alone(v)
             return
@@ -149,6 +156,10 @@ def _over_workgroup(counter, access, alone, issued):
         issued(waves)
     run.batchable = True
     return run
+
+
+class ByWorkgroup(Exception):
+    """A batch of several workgroups' waves that must run a workgroup at a time."""
 
 
 class _PerWave(Exception):
