@@ -477,7 +477,7 @@ class IdealMemory:
     def load_scalar(self, w, region, start: int, count: int, cached: bool) -> np.ndarray:
         return region.data[start:start + count].copy()
 
-    def store(self, cu, flat, values) -> bool:
+    def store(self, cu, flat, values, span=None) -> bool:
         self.memory.poke(flat, values)
         return False
 
@@ -567,11 +567,13 @@ class StrictMemory(IdealMemory):
 
     # ------------------------------------------------------------------ writes
 
-    def store(self, cu, flat, values) -> bool:
+    def store(self, cu, flat, values, span=None) -> bool:
         """Perform a store: dirty in the XCD's L2, seen by the CU's own L1 (write-
-        through). Returns whether it reached a line some wave sleeps on."""
+        through). Returns whether it reached a line some wave sleeps on. `span`:
+        (flat.min(), flat.max()) when the caller knows them."""
         l2 = cu.l2
-        first, last = int(flat.min()) >> LINE_BITS, int(flat.max()) >> LINE_BITS
+        low, high = (int(flat.min()), int(flat.max())) if span is None else span
+        first, last = low >> LINE_BITS, high >> LINE_BITS
         polled = any(first <= line <= last for line in self.polled)  # a flag's few lines
         if polled or l2.holders or self._read_by_others(l2, first, last, cu.l1):
             lines = distinct(flat >> LINE_BITS)

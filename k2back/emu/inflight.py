@@ -193,10 +193,11 @@ def _perform(w, op, mem, newer) -> bool:
     flat, values = op.flat, op.values
     low, high = op.span
     newer = [other.flat for other in newer if other.span[1] >= low and other.span[0] <= high]
+    span = op.span
     if newer:  # bytes a newer store of the batch wrote stay the newer store's
         keep = ~among(flat, np.concatenate(newer))
-        flat, values = flat[keep], values[keep]
-    return bool(flat.size) and mem.store(w.group.cu, flat, values)
+        flat, values, span = flat[keep], values[keep], None
+    return bool(flat.size) and mem.store(w.group.cu, flat, values, span)
 
 
 def retire_lgkm(w, keep: int, progress) -> None:

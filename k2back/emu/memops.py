@@ -547,8 +547,18 @@ def _lds_cells(lds: np.ndarray, addresses: np.ndarray, size: int):
     at each byte address covers): dwords when size is a multiple of 4 (then
     _lds_addresses checked them dword-aligned), else bytes."""
     if size % 4:
-        return lds, addresses[:, None] + np.arange(size)
-    return lds[:lds.size & ~3].view("<u4"), (addresses >> 2)[:, None] + np.arange(size >> 2)
+        return lds, addresses[:, None] + _SPANS[size]
+    words = lds.view("<u4") if not lds.size & 3 else lds[:lds.size & ~3].view("<u4")
+    return words, ((addresses >> 2)[:, None] + _SPANS[size >> 2] if size > 4 else (addresses >> 2)[:, None])
+
+
+def _span(n: int) -> np.ndarray:
+    cells = np.arange(n)
+    cells.flags.writeable = False
+    return cells
+
+
+_SPANS = [_span(n) for n in range(17)]  # the cells an access covers, by count (shared: read-only)
 
 
 def _lds_rows(lds: np.ndarray, addresses: np.ndarray, size: int) -> np.ndarray:
