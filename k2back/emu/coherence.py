@@ -723,12 +723,15 @@ class StrictMemory(IdealMemory):
             waves = self.polled.get(line)
             if waves:
                 self._write_back_line(line)
-                refreshed = set()  # a CU's caches drop the line once: again would change nothing
+                # a CU's caches drop the line once, an L2 its stale copy once: again
+                # would change nothing
+                refreshed, dropped = set(), set()
                 for w in list(waves):
                     cu = w.group.cu
                     if cu not in refreshed:
                         refreshed.add(cu)
-                        self._refresh(line, cu)
+                        self._refresh(line, cu, cu.l2 not in dropped)
+                        dropped.add(cu.l2)
                     self.wake(w)
                 woke = True
         return woke
@@ -739,16 +742,19 @@ class StrictMemory(IdealMemory):
 
     def _write_back_line(self, line: int) -> None:
         """Every L2's dirty bytes of `line` to memory."""
+        page = line >> (PAGE_BITS - LINE_BITS)
         for l2 in self.l2s:
             dirty = l2.dirty
-            if dirty.pages or dirty.queued or dirty.later:  # bool(dirty), without the call
+            if dirty.queued or dirty.later or page in dirty.pages:  # else it holds nothing there
                 self._write_back(l2, dirty.take_line(line))
 
-    def _refresh(self, line: int, cu) -> None:
-        """The caches of a wave's CU drop their copies of `line`: its next read sees memory."""
+    def _refresh(self, line: int, cu, drop: bool = True) -> None:
+        """The caches of a wave's CU drop their copies of `line`: its next read sees
+        memory (`drop` False: its L2 dropped its stale copy already)."""
         if cu.l2.stale.has_page(line):
             self._save_lines(cu.l2, [line], keep=cu.l1)
-            cu.l2.stale.drop_line(line)
+            if drop:
+                cu.l2.stale.drop_line(line)
         cu.l1.drop(line)
 
     def end(self) -> None:
