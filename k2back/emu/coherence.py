@@ -218,16 +218,19 @@ class Overlay:
             held[1][held[2]] = False
 
     def take_line(self, line: int):
-        """take(line_bytes(line))."""
+        """take(line_bytes(line)): the same bytes; a page it empties goes (one a drop
+        emptied stays until a take: an L2's dirty bytes, the only ones taken by
+        line, are never dropped)."""
         held = self._line(line)
         if held is None:
             return None
         data, present, where = held
-        taken, chunk = None, present[where]
-        if chunk.any():
-            offsets = np.flatnonzero(chunk)
-            taken = (line << LINE_BITS) + offsets, data[where][offsets]
-            present[where] = False
+        chunk = present[where]
+        if not chunk.any():
+            return None
+        offsets = np.flatnonzero(chunk)
+        taken = (line << LINE_BITS) + offsets, data[where][offsets]
+        present[where] = False
         if not present.any():
             del self.pages[line >> (PAGE_BITS - LINE_BITS)]
         return taken
