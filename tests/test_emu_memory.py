@@ -573,8 +573,8 @@ def test_a_batched_store_out_of_range_names_its_wave(arch):
 # the workgroups disagree on an SGPR (memops.ByWorkgroup). 8 workgroups of 2
 # waves, one a XCD: every workgroup stores its id to words 0..127 and reads them
 # back (its own L2's dirty bytes), reads words memory still holds through L1 and
-# with sc1, and through a base address of its own; results at 16384 + 4096 k +
-# 512 workgroup bytes.
+# with sc1, through a base address of its own, and through a buffer its second
+# wave's lanes lie beyond; results at 16384 + 4096 k + 512 workgroup bytes.
 GROUP_LOADS = """
 \ts_mov_b32 s12, s2
 \ts_load_dwordx2 s[2:3], s[0:1], 0x0
@@ -595,11 +595,17 @@ GROUP_LOADS = """
 \ts_add_u32 s14, s2, s13
 \ts_addc_u32 s15, s3, 0
 \tglobal_load_dword v13, v1, s[14:15] offset:8192
+\ts_mov_b32 s8, s2
+\ts_and_b32 s9, s3, 0xffff
+\ts_movk_i32 s10, 0x1000
+\ts_mov_b32 s11, 0x20000
+\tbuffer_load_dword v14, v1, s[8:11], 0 offen offset:3840
 \ts_waitcnt vmcnt(0)
 \tglobal_store_dword v22, v10, s[2:3] offset:16384
 \tglobal_store_dword v22, v11, s[2:3] offset:20480
 \tglobal_store_dword v22, v12, s[2:3] offset:24576
 \tglobal_store_dword v22, v13, s[2:3] offset:28672
+\tglobal_store_dword v22, v14, s[2:3] offset:32768
 \ts_waitcnt vmcnt(0)
 """
 
@@ -609,7 +615,8 @@ def test_loads_and_stores_batched_over_workgroups_match_wave_by_wave(arch, monke
     """Loads and stores of a batch of several workgroups' waves leave the bytes and
     counters of one workgroup at a time and of wave by wave, and those of an
     independent model: each workgroup reads its own L2's dirty bytes of words every
-    workgroup stored, memory's bytes elsewhere, and through its own base address."""
+    workgroup stored, memory's bytes elsewhere, through its own base address, and
+    zeros past a buffer's end."""
     from k2back.emu import machine as machine_module
     from k2back.emu.testing import handwritten
 
@@ -625,7 +632,7 @@ def test_loads_and_stores_batched_over_workgroups_match_wave_by_wave(arch, monke
         return store(self, w, *args)
     monkeypatch.setattr(machine_module.DecodeContext, "_load_over_waves", spy_load)
     monkeypatch.setattr(machine_module.DecodeContext, "store", spy_store)
-    image = rng(44).integers(0, 2**32, 8192, dtype=np.uint64).astype(np.uint32)
+    image = rng(44).integers(0, 2**32, 9216, dtype=np.uint64).astype(np.uint32)
     results, all_stats = [], []
     for mode in ("across", "by workgroup", "wave by wave"):
         across.clear()
@@ -649,6 +656,7 @@ def test_loads_and_stores_batched_over_workgroups_match_wave_by_wave(arch, monke
     expect[5120:6144] = stored
     expect[6144:7168] = image[1024 + tid]
     expect[7168:8192] = image[2048 + 128 * group + tid]
+    expect[8192:] = np.where(tid < 64, image[960 + tid % 64], 0)  # 4096 bytes in range
     np.testing.assert_array_equal(results[0], expect)
 
 
