@@ -283,13 +283,16 @@ def test_bad_launch_arguments_are_named_before_anything_runs():
 # ---- vector loads batched over the waves of a workgroup (memops.vmem_load): the
 # bytes, registers and counters of wave by wave (a trace turns batching off).
 # 8 waves; words 0..4095 of `out` are input, results go to 4096 + 512 * slot + tid.
-WAVE_LOADS = """
+# s[2:3] `out`, v30 / s12 the wave, v31 the lane, v1 4 * the thread
+WAVE_PROLOGUE = """
 \ts_load_dwordx2 s[2:3], s[0:1], 0x0
 \tv_lshrrev_b32_e32 v30, 6, v0
 \ts_nop 0
 \tv_readfirstlane_b32 s12, v30
 \tv_and_b32_e32 v31, 63, v0
 \tv_lshlrev_b32_e32 v1, 2, v0
+"""
+WAVE_LOADS = WAVE_PROLOGUE + """
 \tv_add_u32_e32 v29, 0x4000, v1
 \tv_mov_b32_e32 v20, 0x5eed
 \tv_mov_b32_e32 v24, 0
@@ -391,17 +394,19 @@ def test_batched_vector_loads_match_wave_by_wave(arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_a_batched_load_out_of_range_names_its_wave(arch):
+@pytest.mark.parametrize("access", ["global_load_dword v10, v1, s[2:3]", "global_store_dword v1, v30, s[2:3]"])
+def test_a_batched_access_out_of_range_names_its_wave(arch, access):
     from k2back.emu.testing import run_handwritten
 
-    body = r"""
-	s_load_dwordx2 s[2:3], s[0:1], 0x0
-	v_lshrrev_b32_e32 v30, 6, v0
-	v_lshlrev_b32_e32 v1, 20, v30
-	s_waitcnt lgkmcnt(0)
-	global_load_dword v10, v1, s[2:3]
-	s_waitcnt vmcnt(0)"""
-    with pytest.raises(MemoryFault, match=r"by workgroup 0 wave 1, line \d+: global_load_dword"):
+    body = f"""
+\ts_load_dwordx2 s[2:3], s[0:1], 0x0
+\tv_lshrrev_b32_e32 v30, 6, v0
+\tv_lshlrev_b32_e32 v1, 20, v30
+\ts_waitcnt lgkmcnt(0)
+\t{access}
+\ts_waitcnt vmcnt(0)"""
+    name = access.split()[0]
+    with pytest.raises(MemoryFault, match=rf"by workgroup 0 wave 1, line \d+: {name}"):
         run_handwritten(arch, body, np.zeros(64, np.uint32), block=(256,))
 
 
@@ -416,13 +421,7 @@ def test_a_batched_load_out_of_range_names_its_wave(arch):
 # out of range), 40960 (num_records per wave), 57344 (short under per-wave exec, wave
 # 0's empty), 49152 (dword under it), 61440 (a load of the wave's own unperformed R1
 # store, stored after s_waitcnt).
-WAVE_STORES = """
-\ts_load_dwordx2 s[2:3], s[0:1], 0x0
-\tv_lshrrev_b32_e32 v30, 6, v0
-\ts_nop 0
-\tv_readfirstlane_b32 s12, v30
-\tv_and_b32_e32 v31, 63, v0
-\tv_lshlrev_b32_e32 v1, 2, v0
+WAVE_STORES = WAVE_PROLOGUE + """
 \tv_mul_u32_u24_e32 v20, 0x10001, v0
 \tv_add_u32_e32 v21, 0x5eed0000, v0
 \tv_mul_u32_u24_e32 v22, 0x10101, v0
@@ -550,21 +549,6 @@ def test_batched_vector_stores_match_wave_by_wave(arch, monkeypatch):
     expect[1536:1600] = results[0][1536:1600]  # R3: some wave's lanes, checked below
     np.testing.assert_array_equal(results[0], expect)
     assert any((results[0][1536:1600] == v20[64 * k:64 * k + 64]).all() for k in range(8))
-
-
-@pytest.mark.parametrize("arch", ARCHS)
-def test_a_batched_store_out_of_range_names_its_wave(arch):
-    from k2back.emu.testing import run_handwritten
-
-    body = r"""
-	s_load_dwordx2 s[2:3], s[0:1], 0x0
-	v_lshrrev_b32_e32 v30, 6, v0
-	v_lshlrev_b32_e32 v1, 20, v30
-	s_waitcnt lgkmcnt(0)
-	global_store_dword v1, v30, s[2:3]
-	s_waitcnt vmcnt(0)"""
-    with pytest.raises(MemoryFault, match=r"by workgroup 0 wave 1, line \d+: global_store_dword"):
-        run_handwritten(arch, body, np.zeros(64, np.uint32), block=(256,))
 
 
 # ---- vector loads and stores batched over the waves of several workgroups (a
