@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from k2back.emu import Machine, MemoryFault
+from k2back.emu.machine import CODE_ADDRESS
 from k2back.emu.testing import ARCHS, handwritten, module, rng, run, run_handwritten
 
 # 8 waves a workgroup. x -> LDS (and 3x into the upper half), a barrier; a scalar
@@ -299,4 +300,31 @@ def test_lds_stores_under_per_wave_exec_masks(arch, batched):
     np.testing.assert_array_equal(out[:512], lds[t ^ 127])
     np.testing.assert_array_equal(out[512:], np.where(t >= 448, lds[(t + 64) % 512], 0))
     assert stats.lds_written == 4 * (512 + int((t % 4 <= t // 64).sum()))
+    assert (stats.batched > 0) == batched
+
+
+# s_getpc_b64 reads the wave's pc, which a cohort leaves behind over batched VALU
+# and SALU steps (machine.Machine._run_cohort): it must still see its own place.
+# Two workgroups of four waves take one turn; v2, v3 = the low words of the two pcs.
+PC_AFTER_BATCHED = """
+\tv_lshlrev_b32_e32 v1, 3, v0
+\ts_getpc_b64 s[8:9]
+\ts_mov_b32 s10, s8
+\ts_getpc_b64 s[12:13]
+\tv_mov_b32_e32 v2, s10
+\tv_mov_b32_e32 v3, s12
+\ts_load_dwordx2 s[0:1], s[0:1], 0x0
+\ts_waitcnt lgkmcnt(0)
+\tglobal_store_dwordx2 v1, v[2:3], s[0:1]"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("batched", [True, False])
+def test_getpc_in_a_cohort_reads_its_own_place(arch, batched):
+    out = np.zeros((256, 2), np.uint32)
+    machine = Machine(arch, trace=None if batched else (lambda w, ins: None))
+    kernargs = machine.map(out).to_bytes(8, "little")
+    stats = machine.launch(handwritten(arch, PC_AFTER_BATCHED), "hand", grid=(2,), block=(256,), kernargs=kernargs)
+    base = CODE_ADDRESS & 0xFFFFFFFF  # instructions 8 bytes apart; s_getpc gives the next one's
+    np.testing.assert_array_equal(out, np.broadcast_to([base + 8 * 2, base + 8 * 4], (256, 2)))
     assert (stats.batched > 0) == batched

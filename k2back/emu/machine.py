@@ -53,7 +53,7 @@ from .memops import decode_buffer, decode_ds, decode_global, decode_smem
 from .memory import GlobalMemory
 from .operands import parse, scalar_reader, scalar_writer
 from .salu import decode_branch, decode_sop
-from .state import LANES, M64, SGPR_SLOTS, Grid, Workgroup
+from .state import LANES, M64, SGPR_SLOTS, Grid, Workgroup, exec_state
 from .valu import decode_valu
 
 ARCH_LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -272,7 +272,8 @@ class Machine:
         # a batchable instruction, and before every memory or synchronising one
         stops = [batch or cls not in SOLO_CLASSES for batch, cls in zip(batchable, classes)]
         jumps = [cls == "branch" for cls in classes]
-        code = checked
+        quiet = [cls in QUIET_CLASSES and run is checked[pc] and kernel.instructions[pc].mnemonic != "s_getpc_b64"
+                 for pc, (run, cls) in enumerate(zip(code, classes))]
         self._timer = timer = self._timing(kernel, classes, mem)
         scoreboard = inflight.Scoreboard(kernel, setup.accum_offset)
         launch_buffers = [self.memory.map(array, name) for name, array in setup.launch_buffers.items()]
@@ -280,12 +281,12 @@ class Machine:
             groups, registers = setup.workgroups(*launch_buffers, _order(order, grid), mem)
             with np.errstate(all="ignore"):  # integer wrap-around and IEEE specials are the ISA's
                 if timer is not None:  # timing mode: waves one at a time, in modeled time order
-                    timer.schedule(groups, code, kernel, stats, scoreboard)
+                    timer.schedule(groups, checked, kernel, stats, scoreboard)
                 else:
                     # batches of one workgroup: its LDS, its CU's caches
                     by_group = [cls in ("lds", "vmem_load") for cls in classes]
-                    self._schedule(groups, registers, code, (batchable, stops, jumps, by_group), kernel, stats,
-                                   scoreboard)
+                    self._schedule(groups, registers, checked, (batchable, stops, jumps, by_group, quiet), kernel,
+                                   stats, scoreboard)
             mem.end()
         finally:
             for base in launch_buffers:
@@ -473,7 +474,7 @@ class Machine:
         performed stores).
         A batched step leaves the waves' `pc` behind (no batchable closure reads
         it) until an unbatched step or the end of the cohort."""
-        batchable, stops, jumps, by_group = steps
+        batchable, stops, jumps, by_group, quiet = steps
         touches, effects = scoreboard.touches, scoreboard.effects
         count = len(at)
         runs = [None, None]  # its batches [across workgroups, of one workgroup each], made at first need
@@ -503,6 +504,27 @@ class Machine:
                         break
                     continue
                 run = code[pc]
+                if quiet[pc]:  # SALU: no signal, no store, no read of the pc (left behind as above)
+                    for who in at:
+                        run(who)
+                    hits[pc] += count
+                    pc += 1
+                    if taken == limit or pc >= others:
+                        break
+                    continue
+                if jumps[pc]:  # a branch: no signal, no store
+                    after = pc + 1
+                    for who in at:
+                        who.pc = after
+                        run(who)
+                    hits[pc] += count
+                    pc = at[0].pc
+                    if taken == limit or count > 1 and any(w.pc != pc for w in at):
+                        pc = None  # their pcs are theirs
+                        break
+                    if pc >= others:
+                        break
+                    continue
                 for who in at:
                     who.pc = pc + 1
                     unperformed = who.unperformed
@@ -521,13 +543,7 @@ class Machine:
                 if stopped or performed or taken == limit:
                     pc = None
                     break
-                if jumps[pc]:  # the waves may part here
-                    pc = at[0].pc
-                    if count > 1 and any(w.pc != pc for w in at):
-                        pc = None
-                        break
-                else:
-                    pc += 1
+                pc += 1
                 if pc >= others:  # the turn's other waves are there (or lower): choose again
                     break
         except Exception as error:  # numpy/indexing failures inside an instruction too
@@ -901,7 +917,7 @@ class LaunchSetup:
         if d("system_sgpr_workgroup_info", 0):
             raise UnsupportedInstruction("workgroup_info system SGPR is not modelled")
         v0 = self._work_item_ids(d("system_vgpr_workitem_id", 0) + 1)
-        execs = [M64 >> (LANES - min(LANES, self.threads - index * LANES)) for index in range(len(v0))]
+        execs = [exec_state(M64 >> (LANES - min(LANES, self.threads - index * LANES))) for index in range(len(v0))]
         gx, gy, _ = self.grid
         grid, groups = Grid(len(order) * len(v0), self.vector_registers), []
         grid.registers[:, 0] = np.tile(v0, (len(order), 1))
@@ -926,6 +942,9 @@ class LaunchSetup:
 
 # classes a wave may run alone between scheduler choices (machine.Machine._run_turn)
 SOLO_CLASSES = frozenset(("salu", "branch", "nop", "valu"))
+# classes whose closures never stop a wave, perform a store or read its pc (s_getpc_b64
+# excepted): a cohort runs them wave after wave with no bookkeeping (Machine._run_cohort)
+QUIET_CLASSES = frozenset(("salu", "nop"))
 
 # mnemonic prefix -> instruction class (the counters' key) and decoder; first match wins.
 DISPATCH = (

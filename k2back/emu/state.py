@@ -85,9 +85,10 @@ class Wave:
 
     waves = None  # not a Batch
 
-    def __init__(self, group, index: int, slot: int, rows, exec_mask: int, sgprs: list[int]):
+    def __init__(self, group, index: int, slot: int, rows, exec_state: tuple, sgprs: list[int]):
         """`rows`: its vector registers as u32, f32 and i32 views (Grid.rows);
-        `sgprs`: its initial scalar file (copied)."""
+        `exec_state`: its initial (exec, full, mask) (`exec_state`); `sgprs`: its
+        initial scalar file (copied)."""
         self.s = sgprs.copy()
         self.r, self.f, self.i = rows  # its rows of the launch's register array (Grid)
         self.scc = 0
@@ -108,17 +109,24 @@ class Wave:
         self.lds_unperformed = 0
         self.last_load = None  # (lane addresses, bytes a lane) of the last vector load
         self.polled_lines = ()  # the lines it sleeps on (coherence.StrictMemory.poll)
-        self.set_exec(exec_mask)
+        # as set_exec sets them (no batch of its workgroup has read a mask yet)
+        self.exec, self.full, self.mask = exec_state
 
     def set_exec(self, value: int) -> None:
         self.group.exec_epoch += 1  # the workgroup's batches read their masks again
-        self.exec = value & M64
-        self.full = self.exec == M64
-        self.mask = ALL_LANES if self.full else int_to_mask(self.exec)
+        self.exec, self.full, self.mask = exec_state(value)
 
     @property
     def name(self) -> str:
         return f"workgroup {self.group.index} wave {self.index}"
+
+
+def exec_state(value: int) -> tuple[int, bool, np.ndarray]:
+    """A wave's (exec, full, mask) for the exec value `value`."""
+    value &= M64
+    if value == M64:
+        return value, True, ALL_LANES
+    return value, False, int_to_mask(value)
 
 
 class Grid:
@@ -157,8 +165,9 @@ class Workgroup:
     __slots__ = ("arrived", "cu", "exec_epoch", "id", "index", "lds", "waves")
 
     def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int, cu, grid: Grid,
-                 execs: list[int], sgprs: list[int]):
-        """Workgroup `index` of waves with initial exec masks `execs` and scalar files `sgprs`."""
+                 execs: list[tuple], sgprs: list[int]):
+        """Workgroup `index` of waves with initial exec states `execs` (state.exec_state
+        of each wave's exec mask) and scalar files `sgprs`."""
         self.index = index
         self.cu = cu  # its compute unit's caches (coherence.Cu)
         self.id = group_id
