@@ -53,7 +53,7 @@ from .memops import decode_buffer, decode_ds, decode_global, decode_smem
 from .memory import GlobalMemory
 from .operands import parse, scalar_reader, scalar_writer
 from .salu import decode_branch, decode_sop
-from .state import LANES, M64, SGPR_SLOTS, Grid, Workgroup, exec_state
+from .state import LANES, M64, SGPR_SLOTS, Gathered, Grid, Workgroup, exec_state, row_spans
 from .valu import decode_valu
 
 ARCH_LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -285,8 +285,9 @@ class Machine:
                 else:
                     # batches of one workgroup: its LDS, its CU's caches
                     by_group = [cls in ("lds", "vmem_load") for cls in classes]
-                    self._schedule(groups, registers, checked, (batchable, stops, jumps, by_group, quiet), kernel,
-                                   stats, scoreboard)
+                    spans = _gather_spans(scoreboard, batchable, by_group)
+                    self._schedule(groups, registers, checked, (batchable, stops, jumps, by_group, quiet, spans),
+                                   kernel, stats, scoreboard)
             mem.end()
         finally:
             for base in launch_buffers:
@@ -474,7 +475,7 @@ class Machine:
         performed stores).
         A batched step leaves the waves' `pc` behind (no batchable closure reads
         it) until an unbatched step or the end of the cohort."""
-        batchable, stops, jumps, by_group, quiet = steps
+        batchable, stops, jumps, by_group, quiet, spans = steps
         touches, effects = scoreboard.touches, scoreboard.effects
         count = len(at)
         runs = [None, None]  # its batches [across workgroups, of one workgroup each], made at first need
@@ -492,8 +493,11 @@ class Machine:
                 taken += 1
                 if count > 1 and batchable[pc]:
                     within = by_group[pc]  # LDS, vector loads: a workgroup's own
-                    runs[within] = runs[within] or _contiguous(grid, at, by_group=within)
-                    self._run_batched(runs[within], code[pc], kernel, pc)
+                    if runs[within] is None:
+                        runs[within] = _contiguous(grid, at, by_group=within)
+                        if not within and len(runs[0]) > 1:  # VALU, MFMA: once over all, gathered
+                            runs[0] = [grid.gathered(tuple(w.slot for w in at))]
+                    self._run_batched(runs[within], code[pc], kernel, pc, grid.registers, spans[pc])
                     batches += len(runs[within])
                     hits[pc] += count
                     batched += count
@@ -561,13 +565,17 @@ class Machine:
         return stopped, performed
 
     @staticmethod
-    def _run_batched(runs, run, kernel, pc) -> None:
-        """Run the instruction at `pc` once for each of `runs` (state.Batch or a wave)."""
+    def _run_batched(runs, run, kernel, pc, registers, spans) -> None:
+        """Run the instruction at `pc` once for each of `runs` (state.Batch, a
+        state.Gathered with the register `spans` it copies, or a wave)."""
         for batch in runs:
             if batch.waves is not None:
                 batch.read_exec()
             try:
-                run(batch)
+                if type(batch) is Gathered:
+                    batch.run(run, registers, spans)
+                else:
+                    run(batch)
             except Exception as error:  # numpy/indexing failures inside an instruction too
                 if isinstance(error, EmulatorError) and "wave" in str(error):
                     raise
@@ -687,6 +695,16 @@ def _turns(live, ready):
         key = mine
     if run:
         yield run[0] if len(run) == 1 else _Turn(run)
+
+
+def _gather_spans(scoreboard, batchable, by_group) -> list:
+    """Per instruction a state.Gathered runs (a batchable VALU or MFMA), the spans of
+    vector register rows it reads or writes and of those it writes (the scoreboard's
+    register effects: its explicit operands; a batchable closure writes its first
+    operand's registers only), else None."""
+    rows = (1 << inflight.SGPR_BIT) - 1
+    return [(row_spans((reads | writes) & rows), row_spans(writes & rows)) if batch and not within else None
+            for (reads, writes, _), batch, within in zip(scoreboard.effects, batchable, by_group)]
 
 
 def _pending(waves) -> int:

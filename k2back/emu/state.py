@@ -134,12 +134,13 @@ class Grid:
     64] in the workgroups' scheduling order, so that a run of waves at the same
     instruction, of one workgroup or of several, executes it once (Batch)."""
 
-    __slots__ = ("batches", "registers", "rows", "waves")
+    __slots__ = ("batches", "gathers", "registers", "rows", "waves")
 
     def __init__(self, waves: int, vector_registers: int):
         self.registers = np.zeros((waves, vector_registers, LANES), dtype=np.uint32)
         self.waves: list[Wave] = []  # by slot
         self.batches = {}  # (first slot, last slot + 1) -> Batch
+        self.gathers = {}  # (slot, ...) -> Gathered
         # each wave's registers seen as u32, f32 and i32 lanes, in slot order (made in bulk)
         self.rows = zip(self.registers, self.registers.view(np.float32), self.registers.view(np.int32))
 
@@ -150,6 +151,13 @@ class Grid:
             batch = self.batches[first, stop] = Batch(self, first, stop)
         return batch
 
+    def gathered(self, slots: tuple[int, ...]) -> Gathered:
+        """The waves in `slots` (ascending, not all consecutive) as one Gathered (made once)."""
+        batch = self.gathers.get(slots)
+        if batch is None:
+            batch = self.gathers[slots] = Gathered(self, slots)
+        return batch
+
     def release(self) -> None:
         """At the launch's end: drop the references of its waves to their workgroups
         (the cycles of its state), so that reference counting frees it at once; the
@@ -157,6 +165,7 @@ class Grid:
         for w in self.waves:
             w.group = None
         self.batches.clear()
+        self.gathers.clear()
 
 
 class Workgroup:
@@ -192,13 +201,17 @@ class Batch:
     __slots__ = ("all_lanes", "epoch", "f", "full", "group", "groups", "i", "mask", "r", "s", "waves")
 
     def __init__(self, grid: Grid, first: int, stop: int):
-        self.waves = grid.waves[first:stop]
-        self.groups = list(dict.fromkeys(w.group for w in self.waves))
+        self._take(grid.waves[first:stop], grid.registers[first:stop])
+
+    def _take(self, waves: list[Wave], registers: np.ndarray) -> None:
+        """`registers`: the waves' vector registers [waves, registers, 64]."""
+        self.waves = waves
+        self.groups = list(dict.fromkeys(w.group for w in waves))
         self.group = self.groups[0] if len(self.groups) == 1 else None
-        self.r = grid.registers[first:stop].transpose(1, 0, 2)
+        self.r = registers.transpose(1, 0, 2)
         self.f, self.i = self.r.view(np.float32), self.r.view(np.int32)
-        self.all_lanes = all_lanes(stop - first)
-        self.s = _BatchScalars(self.waves)
+        self.all_lanes = all_lanes(len(waves))
+        self.s = _BatchScalars(waves)
         self.epoch = None
 
     def read_exec(self) -> None:
@@ -220,6 +233,52 @@ class Batch:
         if first.group is last.group:
             return f"workgroup {first.group.index} waves {first.index}-{last.index}"
         return f"workgroup {first.group.index} wave {first.index} to workgroup {last.group.index} wave {last.index}"
+
+
+class Gathered(Batch):
+    """Waves of a launch in slots that are not consecutive (e.g. waves 0-1 of each
+    workgroup of a stage), all at the same VALU or MFMA instruction, as one Batch:
+    its vector registers are a copy [register, wave, lane] (`stage`) that `run`
+    fills with the registers the instruction reads and writes, before it, and
+    copies the ones it writes back to the launch's array after it. Once per
+    instruction over the waves, instead of once per run of consecutive slots."""
+
+    __slots__ = ("slots", "stage")
+
+    def __init__(self, grid: Grid, slots: tuple[int, ...]):
+        self.slots = np.array(slots)
+        self.stage = np.empty((len(slots), *grid.registers.shape[1:]), np.uint32)
+        self._take([grid.waves[slot] for slot in slots], self.stage)
+
+    def run(self, run, registers: np.ndarray, rows: tuple) -> None:
+        """Run closure `run` on the waves; `rows`: (the spans (lo, hi) of register rows it
+        reads or writes, the spans of those it writes), as `row_spans` gives them."""
+        reads, writes = rows
+        slots, stage = self.slots, self.stage
+        for lo, hi in reads:
+            stage[:, lo:hi] = registers[slots, lo:hi]
+        run(self)
+        for lo, hi in writes:
+            registers[slots, lo:hi] = stage[:, lo:hi]
+
+
+def row_spans(mask: int, gap: int = 16) -> list[tuple[int, int]]:
+    """The register rows of bit mask `mask` as spans [lo, hi), spans fewer than `gap`
+    rows apart joined (one copy of a few rows more is cheaper than two copies)."""
+    spans = []
+    row = 0
+    while mask:
+        skip = (mask & -mask).bit_length() - 1
+        mask >>= skip
+        row += skip
+        run = (~mask & (mask + 1)).bit_length() - 1  # its trailing ones
+        if spans and row - spans[-1][1] < gap:
+            spans[-1] = (spans[-1][0], row + run)
+        else:
+            spans.append((row, row + run))
+        mask >>= run
+        row += run
+    return spans
 
 
 class _BatchScalars:
