@@ -803,6 +803,8 @@ def decode_control(ins, ctx):
     if name == "s_barrier":
         return lambda w: _arrive(w, ctx)
     if name == "s_endpgm":
+        machine = ctx.machine
+
         def end(w):
             if w.vm and inflight.retire_vm(w, 0, ctx.mem, ctx.progress):
                 return "retry"  # its stores still perform, one at a time
@@ -811,8 +813,9 @@ def decode_control(ins, ctx):
             if w.polled_lines:
                 ctx.mem.unpoll(w)
             w.done = True
-            ctx.progress()
-            _release_if_complete(w.group, ctx)
+            machine._progress = True  # ctx.progress(), inline: every wave ends here
+            if w.group.arrived:  # its other waves wait at a barrier
+                _release_if_complete(w.group, ctx)
             return "end"
         return end
     raise UnsupportedInstruction(f"{name} not implemented ({ins.where()})")

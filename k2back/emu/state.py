@@ -247,8 +247,9 @@ class Gathered(Batch):
 
     def __init__(self, grid: Grid, slots: tuple[int, ...]):
         self.slots = np.array(slots)
-        self.stage = np.empty((len(slots), *grid.registers.shape[1:]), np.uint32)
-        self._take([grid.waves[slot] for slot in slots], self.stage)
+        # register-major, so that the rows it fills are all the memory it touches
+        self.stage = np.empty((grid.registers.shape[1], len(slots), LANES), np.uint32)
+        self._take([grid.waves[slot] for slot in slots], self.stage.transpose(1, 0, 2))
 
     def run(self, run, registers: np.ndarray, rows: tuple) -> None:
         """Run closure `run` on the waves; `rows`: (the spans (lo, hi) of register rows it
@@ -256,10 +257,10 @@ class Gathered(Batch):
         reads, writes = rows
         slots, stage = self.slots, self.stage
         for lo, hi in reads:
-            stage[:, lo:hi] = registers[slots, lo:hi]
+            stage[lo:hi] = registers[slots, lo:hi].transpose(1, 0, 2)
         run(self)
         for lo, hi in writes:
-            registers[slots, lo:hi] = stage[:, lo:hi]
+            registers[slots, lo:hi] = stage[lo:hi].transpose(1, 0, 2)
 
 
 def row_spans(mask: int, gap: int = 16) -> list[tuple[int, int]]:
