@@ -496,7 +496,7 @@ class Machine:
                     if runs[within] is None:
                         runs[within] = _contiguous(grid, at, by_group=within)
                         if not within and len(runs[0]) > 1:  # VALU, MFMA: once over all, gathered
-                            runs[0] = [grid.gathered(tuple(w.slot for w in at))]
+                            runs[0] = [Gathered(grid, [w.slot for w in at])]
                     self._run_batched(runs[within], code[pc], kernel, pc, grid.registers, spans[pc])
                     batches += len(runs[within])
                     hits[pc] += count

@@ -134,13 +134,12 @@ class Grid:
     64] in the workgroups' scheduling order, so that a run of waves at the same
     instruction, of one workgroup or of several, executes it once (Batch)."""
 
-    __slots__ = ("batches", "gathers", "registers", "rows", "waves")
+    __slots__ = ("batches", "registers", "rows", "waves")
 
     def __init__(self, waves: int, vector_registers: int):
         self.registers = np.zeros((waves, vector_registers, LANES), dtype=np.uint32)
         self.waves: list[Wave] = []  # by slot
         self.batches = {}  # (first slot, last slot + 1) -> Batch
-        self.gathers = {}  # (slot, ...) -> Gathered
         # each wave's registers seen as u32, f32 and i32 lanes, in slot order (made in bulk)
         self.rows = zip(self.registers, self.registers.view(np.float32), self.registers.view(np.int32))
 
@@ -151,13 +150,6 @@ class Grid:
             batch = self.batches[first, stop] = Batch(self, first, stop)
         return batch
 
-    def gathered(self, slots: tuple[int, ...]) -> Gathered:
-        """The waves in `slots` (ascending, not all consecutive) as one Gathered (made once)."""
-        batch = self.gathers.get(slots)
-        if batch is None:
-            batch = self.gathers[slots] = Gathered(self, slots)
-        return batch
-
     def release(self) -> None:
         """At the launch's end: drop the references of its waves to their workgroups
         (the cycles of its state), so that reference counting frees it at once; the
@@ -165,7 +157,6 @@ class Grid:
         for w in self.waves:
             w.group = None
         self.batches.clear()
-        self.gathers.clear()
 
 
 class Workgroup:
@@ -241,11 +232,13 @@ class Gathered(Batch):
     its vector registers are a copy [register, wave, lane] (`stage`) that `run`
     fills with the registers the instruction reads and writes, before it, and
     copies the ones it writes back to the launch's array after it. Once per
-    instruction over the waves, instead of once per run of consecutive slots."""
+    instruction over the waves, instead of once per run of consecutive slots.
+    Made for a cohort (machine.Machine._run_cohort) and dropped after it: kept,
+    the stages of a launch's cohorts held as much memory as its registers."""
 
     __slots__ = ("slots", "stage")
 
-    def __init__(self, grid: Grid, slots: tuple[int, ...]):
+    def __init__(self, grid: Grid, slots: list[int]):
         self.slots = np.array(slots)
         # register-major, so that the rows it fills are all the memory it touches
         self.stage = np.empty((grid.registers.shape[1], len(slots), LANES), np.uint32)
