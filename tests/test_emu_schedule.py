@@ -4,11 +4,13 @@ the same bytes and the same counters as wave by wave (a trace turns batching
 off), with waves that part on scalar loops and branches and meet again."""
 
 import dataclasses
+import itertools
 
 import numpy as np
 import pytest
 
 from k2back.emu import Machine, MemoryFault
+from k2back.emu.machine import CODE_ADDRESS
 from k2back.emu.testing import ARCHS, handwritten, module, rng, run, run_handwritten
 
 # 8 waves a workgroup. x -> LDS (and 3x into the upper half), a barrier; a scalar
@@ -300,3 +302,138 @@ def test_lds_stores_under_per_wave_exec_masks(arch, batched):
     np.testing.assert_array_equal(out[512:], np.where(t >= 448, lds[(t + 64) % 512], 0))
     assert stats.lds_written == 4 * (512 + int((t % 4 <= t // 64).sum()))
     assert (stats.batched > 0) == batched
+
+
+# s_getpc_b64 reads the wave's pc, which a cohort leaves behind over batched VALU
+# and SALU steps (machine.Machine._run_cohort): it must still see its own place.
+# Two workgroups of four waves take one turn; v2, v3 = the low words of the two pcs.
+PC_AFTER_BATCHED = """
+\tv_lshlrev_b32_e32 v1, 3, v0
+\ts_getpc_b64 s[8:9]
+\ts_mov_b32 s10, s8
+\ts_getpc_b64 s[12:13]
+\tv_mov_b32_e32 v2, s10
+\tv_mov_b32_e32 v3, s12
+\ts_load_dwordx2 s[0:1], s[0:1], 0x0
+\ts_waitcnt lgkmcnt(0)
+\tglobal_store_dwordx2 v1, v[2:3], s[0:1]"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("batched", [True, False])
+def test_getpc_in_a_cohort_reads_its_own_place(arch, batched):
+    out = np.zeros((256, 2), np.uint32)
+    machine = Machine(arch, trace=None if batched else (lambda w, ins: None))
+    kernargs = machine.map(out).to_bytes(8, "little")
+    stats = machine.launch(handwritten(arch, PC_AFTER_BATCHED), "hand", grid=(2,), block=(256,), kernargs=kernargs)
+    base = CODE_ADDRESS & 0xFFFFFFFF  # instructions 8 bytes apart; s_getpc gives the next one's
+    np.testing.assert_array_equal(out, np.broadcast_to([base + 8 * 2, base + 8 * 4], (256, 2)))
+    assert (stats.batched > 0) == batched
+
+
+# Waves 0 and 2 of each workgroup take one branch, waves 1 and 3 the other: the
+# waves at a VALU or MFMA instruction are not in consecutive slots, and run it once
+# as a state.Gathered (registers copied in and the written ones back). Forms:
+# 64-bit, 16-bit, float, selects, carries, an MFMA with AGPRs under the branch.
+PARITY = module("""
+define amdgpu_kernel void @parity(ptr addrspace(1) %x, ptr addrspace(1) %out, ptr addrspace(1) %acc) #0 {
+entry:
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
+  %base = mul i32 %wg, 256
+  %gid = add i32 %base, %tid
+  %px = getelementptr i32, ptr addrspace(1) %x, i32 %gid
+  %v = load i32, ptr addrspace(1) %px
+  %wave = lshr i32 %tid, 6
+  %wv = call i32 @llvm.amdgcn.readfirstlane(i32 %wave)
+  %odd = and i32 %wv, 1
+  %isodd = icmp ne i32 %odd, 0
+  br i1 %isodd, label %b, label %a
+a:
+  %v64 = zext i32 %v to i64
+  %m64 = mul i64 %v64, 11400714819323198485
+  %lo = trunc i64 %m64 to i32
+  %hi64 = lshr i64 %m64, 32
+  %hi = trunc i64 %hi64 to i32
+  %h = trunc i32 %v to i16
+  %h2 = mul i16 %h, 7
+  %hz = zext i16 %h2 to i32
+  %f = uitofp i32 %v to float
+  %f2 = fmul float %f, 5.000000e-01
+  %fi = fptoui float %f2 to i32
+  %c = icmp ugt i32 %v, 2147483648
+  %sel = select i1 %c, i32 %lo, i32 %hi
+  %a1 = add i32 %sel, %hz
+  %a2 = xor i32 %a1, %fi
+  %bits = and i32 %v, 65535
+  %pair = insertelement <4 x i16> zeroinitializer, i16 %h, i32 0
+  %pair2 = insertelement <4 x i16> %pair, i16 %h2, i32 2
+  %mf = call <4 x float> @llvm.amdgcn.mfma.f32.16x16x16bf16.1k(<4 x i16> %pair2, <4 x i16> %pair2, <4 x float> zeroinitializer, i32 0, i32 0, i32 0)
+  %mf2 = call <4 x float> @llvm.amdgcn.mfma.f32.16x16x16bf16.1k(<4 x i16> %pair2, <4 x i16> %pair, <4 x float> %mf, i32 0, i32 0, i32 0)
+  br label %join
+b:
+  %b1 = mul i32 %v, 3
+  %b2 = add i32 %b1, %wg
+  br label %join
+join:
+  %r = phi i32 [ %a2, %a ], [ %b2, %b ]
+  %m = phi <4 x float> [ %mf2, %a ], [ zeroinitializer, %b ]
+  %po = getelementptr i32, ptr addrspace(1) %out, i32 %gid
+  store i32 %r, ptr addrspace(1) %po
+  %pa = getelementptr <4 x float>, ptr addrspace(1) %acc, i32 %gid
+  store <4 x float> %m, ptr addrspace(1) %pa
+  ret void
+}
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare i32 @llvm.amdgcn.workgroup.id.x()
+declare i32 @llvm.amdgcn.readfirstlane(i32)
+declare <4 x float> @llvm.amdgcn.mfma.f32.16x16x16bf16.1k(<4 x i16>, <4 x i16>, <4 x float>, i32, i32, i32)
+""")
+
+
+def parity_reference(x: np.ndarray) -> np.ndarray:
+    t = np.arange(x.size)
+    v = x.astype(np.uint64)
+    m = (v * np.uint64(11400714819323198485)) & np.uint64(2**64 - 1)
+    lo, hi = (m & np.uint64(0xFFFFFFFF)).astype(np.uint32), (m >> np.uint64(32)).astype(np.uint32)
+    hz = ((x & 0xFFFF) * 7 & 0xFFFF).astype(np.uint32)
+    fi = (x.astype(np.float32) * np.float32(0.5)).astype(np.uint32)
+    a = (np.where(x > 2**31, lo, hi) + hz) ^ fi
+    b = x * np.uint32(3) + (t // 256).astype(np.uint32)
+    return np.where((t // 64) % 2 == 1, b, a)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_waves_in_slots_apart_run_a_valu_or_mfma_once_gathered(arch):
+    x = rng(5).integers(0, 2**32, 512, dtype=np.uint64).astype(np.uint32)
+    results = []
+    for batched in (True, False):
+        out, acc = np.zeros(512, np.uint32), np.zeros((512, 4), np.float32)
+        machine = Machine(arch, trace=None if batched else (lambda w, ins: None))
+        stats = run(PARITY, arch, "parity", {"x": x, "out": out, "acc": acc}, grid=(2,), block=(256,),
+                    machine=machine)
+        np.testing.assert_array_equal(out, parity_reference(x))
+        results.append((out, acc.view(np.uint32), stats))
+    (_, acc, stats), (_, alone_acc, alone_stats) = results
+    np.testing.assert_array_equal(acc, alone_acc)  # the MFMA's bits, batched or not
+    assert acc.any()
+    mine, theirs = dataclasses.asdict(stats), dataclasses.asdict(alone_stats)
+    assert {k: mine[k] for k in SAME_COUNTERS} == {k: theirs[k] for k in SAME_COUNTERS}
+    # every batched step ran once for its waves: the two workgroups take one turn,
+    # their waves 0 and 2 run branch a together, 1 and 3 branch b (four waves each)
+    assert stats.instructions["mfma"] == 2 * 4 and stats.batched >= 4 * stats.batches
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_row_spans_cover_exactly_the_rows_of_a_mask_up_to_joined_gaps(seed):
+    from k2back.emu.state import row_spans
+    rows = sorted(set(rng(seed).integers(0, 300, 12).tolist()))
+    mask = sum(1 << r for r in rows)
+    spans = row_spans(mask, gap=4)
+    covered = {r for lo, hi in spans for r in range(lo, hi)}
+    assert set(rows) <= covered
+    assert all(lo in rows and hi - 1 in rows for lo, hi in spans)  # spans start and end on rows
+    assert all(b[0] - a[1] >= 4 for a, b in itertools.pairwise(spans))  # gaps under 4 rows joined
+    extra = covered - set(rows)  # only rows of joined gaps (fewer than 4 rows between two)
+    assert all(any(a < r < b and b - a - 1 < 4 for a, b in itertools.pairwise(rows)) for r in extra)
+    assert row_spans(0) == []

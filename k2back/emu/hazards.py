@@ -430,7 +430,9 @@ class Program:
                     self.zero_exec_edges.add((pc, target))
                 if instructions[pc].mnemonic == "s_cbranch_execnz" and target != pc + 1:
                     self.zero_exec_edges.add((pc, pc + 1))
-        produced = [_union(rule.produces(e) for e in self.effects) for rule in RULES]
+        # per rule, what each instruction produces for it (looked up, not recomputed, on every path)
+        self.made = {rule: [rule.produces(e) for e in self.effects] for rule in RULES}
+        produced = [_union(self.made[rule]) for rule in RULES]
         self.checks = [[(rule, mask) for rule, made in zip(RULES, produced)
                         for mask in rule.watch(c) if mask & made] for c in self.effects]
         self._violations: dict[int, list[Violation]] | None = None
@@ -453,8 +455,9 @@ class Program:
     def _step(self, c, p, between, checks, found):
         """Resolve the checks producer `p` answers; return those still open."""
         open_checks = []
+        made, at = self.made, p.pc
         for rule, mask in checks:
-            if rule.produces(p) & mask:
+            if made[rule][at] & mask:
                 need = rule.wait(p, c, self.gfx950)
                 if between < need:
                     found[(rule.name, p.pc, mask)] = Violation(rule.name, p, c, between, need)
@@ -473,16 +476,18 @@ class Program:
         c = self.effects[pc]
         if self.checks[pc]:
             stack, seen = [(pc, 0, tuple(self.checks[pc]), False)], set()
+            masked, zero_exec_edges, effects, step = c.lane_masked, self.zero_exec_edges, self.effects, self._step
             while stack:
                 at, between, checks, exec_set = stack.pop()
-                for prev in self.predecessors(at):
-                    if (prev, between, checks, exec_set) in seen:
+                for prev in self._predecessors[at]:
+                    state = (prev, between, checks, exec_set)
+                    if state in seen:
                         continue
-                    seen.add((prev, between, checks, exec_set))
-                    if c.lane_masked and not exec_set and (prev, at) in self.zero_exec_edges:
+                    seen.add(state)
+                    if masked and not exec_set and (prev, at) in zero_exec_edges:
                         continue
-                    p = self.effects[prev]
-                    rest = self._step(c, p, between, checks, found)
+                    p = effects[prev]
+                    rest = step(c, p, between, checks, found)
                     if rest:
                         stack.append((prev, between + p.states, tuple(rest),
                                       exec_set or bool(p.sdefs & EXEC_BITS)))

@@ -54,7 +54,7 @@ from .memops import ByWorkgroup, decode_buffer, decode_ds, decode_global, decode
 from .memory import GlobalMemory
 from .operands import parse, scalar_reader, scalar_writer
 from .salu import decode_branch, decode_sop
-from .state import LANES, M64, SGPR_SLOTS, Grid, Workgroup
+from .state import LANES, M64, SGPR_SLOTS, Gathered, Grid, Workgroup, exec_state, row_spans
 from .valu import decode_valu
 
 ARCH_LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -295,7 +295,8 @@ class Machine:
         # a batchable instruction, and before every memory or synchronising one
         stops = [batch or cls not in SOLO_CLASSES for batch, cls in zip(batchable, classes)]
         jumps = [cls == "branch" for cls in classes]
-        code = checked
+        quiet = [cls in QUIET_CLASSES and run is checked[pc] and kernel.instructions[pc].mnemonic != "s_getpc_b64"
+                 for pc, (run, cls) in enumerate(zip(code, classes))]
         self._timer = timer = self._timing(kernel, classes, mem)
         scoreboard = inflight.Scoreboard(kernel, setup.accum_offset)
         launch_buffers = [self.memory.map(array, name) for name, array in setup.launch_buffers.items()]
@@ -303,12 +304,13 @@ class Machine:
             groups, registers = setup.workgroups(*launch_buffers, _order(order, grid), mem)
             with np.errstate(all="ignore"):  # integer wrap-around and IEEE specials are the ISA's
                 if timer is not None:  # timing mode: waves one at a time, in modeled time order
-                    timer.schedule(groups, code, kernel, stats, scoreboard)
+                    timer.schedule(groups, checked, kernel, stats, scoreboard)
                 else:
                     # batches of one workgroup: its LDS
                     by_group = [cls == "lds" for cls in classes]
-                    self._schedule(groups, registers, code, (batchable, stops, jumps, by_group), kernel, stats,
-                                   scoreboard)
+                    spans = _gather_spans(scoreboard, batchable, classes)
+                    self._schedule(groups, registers, checked, (batchable, stops, jumps, by_group, quiet, spans),
+                                   kernel, stats, scoreboard)
             mem.end()
         finally:
             for base in launch_buffers:
@@ -496,10 +498,11 @@ class Machine:
         performed stores).
         A batched step leaves the waves' `pc` behind (no batchable closure reads
         it) until an unbatched step or the end of the cohort."""
-        batchable, stops, jumps, by_group = steps
+        batchable, stops, jumps, by_group, quiet, spans = steps
         touches, effects = scoreboard.touches, scoreboard.effects
         count = len(at)
         runs = [None, None]  # its batches [across workgroups, of one workgroup each], made at first need
+        gathered = None  # [state.Gathered of all `at`] for VALU and MFMA steps, made at first need
         limit = min(budget[w] for w in at)  # steps before the first wave's quantum ends
         pending = _pending(at)
         stopped, performed, taken, batched, batches = {}, set(), 0, 0, 0
@@ -514,8 +517,13 @@ class Machine:
                 taken += 1
                 if count > 1 and batchable[pc]:
                     within = by_group[pc]  # LDS: a workgroup's own
-                    runs[within] = runs[within] or _contiguous(grid, at, by_group=within)
-                    batches += self._run_batched(grid, runs[within], code[pc], kernel, pc)
+                    if runs[within] is None:
+                        runs[within] = _contiguous(grid, at, by_group=within)
+                    if spans[pc] is not None and len(runs[0]) > 1:  # VALU, MFMA: once over all, gathered
+                        gathered = gathered or [Gathered(grid, [w.slot for w in at])]
+                        batches += self._run_batched(grid, gathered, code[pc], kernel, pc, spans[pc])
+                    else:
+                        batches += self._run_batched(grid, runs[within], code[pc], kernel, pc, spans[pc])
                     hits[pc] += count
                     batched += count
                     if effects[pc][2]:  # a load (LDS): its destinations are pending now
@@ -525,6 +533,27 @@ class Machine:
                         break
                     continue
                 run = code[pc]
+                if quiet[pc]:  # SALU: no signal, no store, no read of the pc (left behind as above)
+                    for who in at:
+                        run(who)
+                    hits[pc] += count
+                    pc += 1
+                    if taken == limit or pc >= others:
+                        break
+                    continue
+                if jumps[pc]:  # a branch: no signal, no store
+                    after = pc + 1
+                    for who in at:
+                        who.pc = after
+                        run(who)
+                    hits[pc] += count
+                    pc = at[0].pc
+                    if taken == limit or count > 1 and any(w.pc != pc for w in at):
+                        pc = None  # their pcs are theirs
+                        break
+                    if pc >= others:
+                        break
+                    continue
                 for who in at:
                     who.pc = pc + 1
                     unperformed = who.unperformed
@@ -543,13 +572,7 @@ class Machine:
                 if stopped or performed or taken == limit:
                     pc = None
                     break
-                if jumps[pc]:  # the waves may part here
-                    pc = at[0].pc
-                    if count > 1 and any(w.pc != pc for w in at):
-                        pc = None
-                        break
-                else:
-                    pc += 1
+                pc += 1
                 if pc >= others:  # the turn's other waves are there (or lower): choose again
                     break
         except Exception as error:  # numpy/indexing failures inside an instruction too
@@ -567,19 +590,24 @@ class Machine:
         return stopped, performed
 
     @staticmethod
-    def _run_batched(grid, runs, run, kernel, pc) -> int:
-        """Run the instruction at `pc` once for each of `runs` (state.Batch or a wave),
-        a batch of several workgroups a workgroup at a time when it says so
+    def _run_batched(grid, runs, run, kernel, pc, spans) -> int:
+        """Run the instruction at `pc` once for each of `runs` (state.Batch, a
+        state.Gathered with the register `spans` it copies, or a wave), a batch of
+        several workgroups a workgroup at a time when it says so
         (memops.ByWorkgroup); returns how many runs it took."""
         taken = 0
         for batch in runs:
             if batch.waves is not None:
                 batch.read_exec()
             try:
-                run(batch)
+                if type(batch) is Gathered:
+                    batch.run(run, grid.registers, spans)
+                else:
+                    run(batch)
                 taken += 1
             except ByWorkgroup:
-                taken += Machine._run_batched(grid, _contiguous(grid, batch.waves, by_group=True), run, kernel, pc)
+                taken += Machine._run_batched(grid, _contiguous(grid, batch.waves, by_group=True), run, kernel,
+                                              pc, spans)
             except Exception as error:  # numpy/indexing failures inside an instruction too
                 if isinstance(error, EmulatorError) and "wave" in str(error):
                     raise
@@ -702,6 +730,20 @@ def _turns(live, ready):
         yield run[0] if len(run) == 1 else _Turn(run)
 
 
+GATHERED_CLASSES = frozenset(("valu", "mfma"))  # run once over waves in slots apart (state.Gathered)
+
+
+def _gather_spans(scoreboard, batchable, classes) -> list:
+    """Per instruction a state.Gathered runs (a batchable VALU or MFMA), the spans of
+    vector register rows it reads or writes and of those it writes (the scoreboard's
+    register effects: its explicit operands; a batchable closure writes its first
+    operand's registers only), else None."""
+    rows = (1 << inflight.SGPR_BIT) - 1
+    return [(row_spans((reads | writes) & rows), row_spans(writes & rows))
+            if batch and cls in GATHERED_CLASSES else None
+            for (reads, writes, _), batch, cls in zip(scoreboard.effects, batchable, classes)]
+
+
 def _pending(waves) -> int:
     """Registers an outstanding load of any of `waves` still writes."""
     pending = 0
@@ -798,6 +840,8 @@ def decode_control(ins, ctx):
     if name == "s_barrier":
         return lambda w: _arrive(w, ctx)
     if name == "s_endpgm":
+        machine = ctx.machine
+
         def end(w):
             if w.vm and inflight.retire_vm(w, 0, ctx.mem, ctx.progress):
                 return "retry"  # its stores still perform, one at a time
@@ -806,8 +850,9 @@ def decode_control(ins, ctx):
             if w.polled_lines:
                 ctx.mem.unpoll(w)
             w.done = True
-            ctx.progress()
-            _release_if_complete(w.group, ctx)
+            machine._progress = True  # ctx.progress(), inline: every wave ends here
+            if w.group.arrived:  # its other waves wait at a barrier
+                _release_if_complete(w.group, ctx)
             return "end"
         return end
     raise UnsupportedInstruction(f"{name} not implemented ({ins.where()})")
@@ -930,7 +975,7 @@ class LaunchSetup:
         if d("system_sgpr_workgroup_info", 0):
             raise UnsupportedInstruction("workgroup_info system SGPR is not modelled")
         v0 = self._work_item_ids(d("system_vgpr_workitem_id", 0) + 1)
-        execs = [M64 >> (LANES - min(LANES, self.threads - index * LANES)) for index in range(len(v0))]
+        execs = [exec_state(M64 >> (LANES - min(LANES, self.threads - index * LANES))) for index in range(len(v0))]
         gx, gy, _ = self.grid
         grid, groups = Grid(len(order) * len(v0), self.vector_registers), []
         grid.registers[:, 0] = np.tile(v0, (len(order), 1))
@@ -955,6 +1000,9 @@ class LaunchSetup:
 
 # classes a wave may run alone between scheduler choices (machine.Machine._run_turn)
 SOLO_CLASSES = frozenset(("salu", "branch", "nop", "valu"))
+# classes whose closures never stop a wave, perform a store or read its pc (s_getpc_b64
+# excepted): a cohort runs them wave after wave with no bookkeeping (Machine._run_cohort)
+QUIET_CLASSES = frozenset(("salu", "nop"))
 
 # mnemonic prefix -> instruction class (the counters' key) and decoder; first match wins.
 DISPATCH = (

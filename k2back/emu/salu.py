@@ -238,6 +238,16 @@ def _saveexec(ins, ctx):
     write = ctx.scalar_writer(ins.operands[0], 64, ins)
     read = ctx.scalar_reader(ins.operands[1], 64, ins)
     wrexec = ins.mnemonic.endswith("_wrexec_b64")
+    d, a = (ctx.operand(t, ins) for t in ins.operands[:2])
+    if not wrexec and d.file == a.file == "s" and not (d.neg or d.abs or a.neg or a.abs):
+        d, a = d.index, a.index
+
+        def pairs(w):  # the common form (s_and_saveexec_b64 s[4:5], vcc) on the SGPR list itself
+            s, old = w.s, w.exec
+            w.set_exec(combine(s[a] | s[a + 1] << 32, old))
+            s[d], s[d + 1] = old & M32, old >> 32
+            w.scc = int(w.exec != 0)
+        return pairs
 
     def run(w):
         old = w.exec

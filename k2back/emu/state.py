@@ -85,9 +85,10 @@ class Wave:
 
     waves = None  # not a Batch
 
-    def __init__(self, group, index: int, slot: int, rows, exec_mask: int, sgprs: list[int]):
+    def __init__(self, group, index: int, slot: int, rows, exec_state: tuple, sgprs: list[int]):
         """`rows`: its vector registers as u32, f32 and i32 views (Grid.rows);
-        `sgprs`: its initial scalar file (copied)."""
+        `exec_state`: its initial (exec, full, mask) (`exec_state`); `sgprs`: its
+        initial scalar file (copied)."""
         self.s = sgprs.copy()
         self.r, self.f, self.i = rows  # its rows of the launch's register array (Grid)
         self.scc = 0
@@ -108,17 +109,24 @@ class Wave:
         self.lds_unperformed = 0
         self.last_load = None  # (lane addresses, bytes a lane) of the last vector load
         self.polled_lines = ()  # the lines it sleeps on (coherence.StrictMemory.poll)
-        self.set_exec(exec_mask)
+        # as set_exec sets them (no batch of its workgroup has read a mask yet)
+        self.exec, self.full, self.mask = exec_state
 
     def set_exec(self, value: int) -> None:
         self.group.exec_epoch += 1  # the workgroup's batches read their masks again
-        self.exec = value & M64
-        self.full = self.exec == M64
-        self.mask = ALL_LANES if self.full else int_to_mask(self.exec)
+        self.exec, self.full, self.mask = exec_state(value)
 
     @property
     def name(self) -> str:
         return f"workgroup {self.group.index} wave {self.index}"
+
+
+def exec_state(value: int) -> tuple[int, bool, np.ndarray]:
+    """A wave's (exec, full, mask) for the exec value `value`."""
+    value &= M64
+    if value == M64:
+        return value, True, ALL_LANES
+    return value, False, int_to_mask(value)
 
 
 class Grid:
@@ -157,8 +165,9 @@ class Workgroup:
     __slots__ = ("arrived", "cu", "exec_epoch", "id", "index", "lds", "waves")
 
     def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int, cu, grid: Grid,
-                 execs: list[int], sgprs: list[int]):
-        """Workgroup `index` of waves with initial exec masks `execs` and scalar files `sgprs`."""
+                 execs: list[tuple], sgprs: list[int]):
+        """Workgroup `index` of waves with initial exec states `execs` (state.exec_state
+        of each wave's exec mask) and scalar files `sgprs`."""
         self.index = index
         self.cu = cu  # its compute unit's caches (coherence.Cu)
         self.id = group_id
@@ -183,13 +192,17 @@ class Batch:
     __slots__ = ("all_lanes", "epoch", "f", "full", "group", "groups", "i", "mask", "r", "s", "waves")
 
     def __init__(self, grid: Grid, first: int, stop: int):
-        self.waves = grid.waves[first:stop]
-        self.groups = list(dict.fromkeys(w.group for w in self.waves))
+        self._take(grid.waves[first:stop], grid.registers[first:stop])
+
+    def _take(self, waves: list[Wave], registers: np.ndarray) -> None:
+        """`registers`: the waves' vector registers [waves, registers, 64]."""
+        self.waves = waves
+        self.groups = list(dict.fromkeys(w.group for w in waves))
         self.group = self.groups[0] if len(self.groups) == 1 else None
-        self.r = grid.registers[first:stop].transpose(1, 0, 2)
+        self.r = registers.transpose(1, 0, 2)
         self.f, self.i = self.r.view(np.float32), self.r.view(np.int32)
-        self.all_lanes = all_lanes(stop - first)
-        self.s = _BatchScalars(self.waves)
+        self.all_lanes = all_lanes(len(waves))
+        self.s = _BatchScalars(waves)
         self.epoch = None
 
     def read_exec(self) -> None:
@@ -211,6 +224,55 @@ class Batch:
         if first.group is last.group:
             return f"workgroup {first.group.index} waves {first.index}-{last.index}"
         return f"workgroup {first.group.index} wave {first.index} to workgroup {last.group.index} wave {last.index}"
+
+
+class Gathered(Batch):
+    """Waves of a launch in slots that are not consecutive (e.g. waves 0-1 of each
+    workgroup of a stage), all at the same VALU or MFMA instruction, as one Batch:
+    its vector registers are a copy [register, wave, lane] (`stage`) that `run`
+    fills with the registers the instruction reads and writes, before it, and
+    copies the ones it writes back to the launch's array after it. Once per
+    instruction over the waves, instead of once per run of consecutive slots.
+    Made for a cohort (machine.Machine._run_cohort) and dropped after it: kept,
+    the stages of a launch's cohorts held as much memory as its registers."""
+
+    __slots__ = ("slots", "stage")
+
+    def __init__(self, grid: Grid, slots: list[int]):
+        self.slots = np.array(slots)
+        # register-major, so that the rows it fills are all the memory it touches
+        self.stage = np.empty((grid.registers.shape[1], len(slots), LANES), np.uint32)
+        self._take([grid.waves[slot] for slot in slots], self.stage.transpose(1, 0, 2))
+
+    def run(self, run, registers: np.ndarray, rows: tuple) -> None:
+        """Run closure `run` on the waves; `rows`: (the spans (lo, hi) of register rows it
+        reads or writes, the spans of those it writes), as `row_spans` gives them."""
+        reads, writes = rows
+        slots, stage = self.slots, self.stage
+        for lo, hi in reads:
+            stage[lo:hi] = registers[slots, lo:hi].transpose(1, 0, 2)
+        run(self)
+        for lo, hi in writes:
+            registers[slots, lo:hi] = stage[lo:hi].transpose(1, 0, 2)
+
+
+def row_spans(mask: int, gap: int = 16) -> list[tuple[int, int]]:
+    """The register rows of bit mask `mask` as spans [lo, hi), spans fewer than `gap`
+    rows apart joined (one copy of a few rows more is cheaper than two copies)."""
+    spans = []
+    row = 0
+    while mask:
+        skip = (mask & -mask).bit_length() - 1
+        mask >>= skip
+        row += skip
+        run = (~mask & (mask + 1)).bit_length() - 1  # its trailing ones
+        if spans and row - spans[-1][1] < gap:
+            spans[-1] = (spans[-1][0], row + run)
+        else:
+            spans.append((row, row + run))
+        mask >>= run
+        row += run
+    return spans
 
 
 class _BatchScalars:
