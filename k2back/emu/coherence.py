@@ -119,6 +119,33 @@ def lines_list(addresses: np.ndarray, size: int) -> list[int]:
     return list(set(first.tolist()))
 
 
+ATOM = 8  # bytes of the widest single-copy atomic access: a naturally aligned dwordx2
+
+
+def tear_phases(addresses: np.ndarray, size: int) -> np.ndarray | None:
+    """The pieces of an access of `size` bytes a lane at `addresses` that are single-
+    copy atomic, as a phase per byte (int [lanes * size]), or None when each lane's
+    access is one piece. A piece is the lane's bytes in one naturally aligned ATOM
+    bytes: LLVM lowers atomic loads and stores of up to 64 bits to one
+    global/buffer_load/store_dwordx2 (AMDGPUISelLowering: setMaxAtomicSizeInBitsSupported(64);
+    AMDGPUUsage "Memory Model GFX942": monotonic agent load / store = *_load / *_store
+    sc1=1), and nothing makes a wider access, or one across an 8-byte boundary, one
+    copy (RCCL's LL lines are 16 B with a flag in each 8-byte half, ROCm/rccl prims_ll.h).
+    Phase 0 is a lane's piece that is performed first (stores) or read in the oldest
+    view (loads), in the order the kernel likes least, deterministically: from its
+    highest piece down in even 16-byte granules, from its lowest up in odd ones, so
+    that a reader trusting one tag of a wider access meets a torn one either way."""
+    starts = addresses.astype(np.int64)
+    first, last = starts >> 3, (starts + size - 1) >> 3
+    if (first == last).all():
+        return None
+    chunk = (starts[:, None] + np.arange(size)) >> 3
+    k = chunk - first[:, None]
+    n = (last - first + 1)[:, None]
+    up = ((first >> 1) & 1).astype(bool)[:, None]
+    return np.where(up, k, n - 1 - k).reshape(-1)
+
+
 def _line_bits(offsets: np.ndarray) -> int:
     """The lines of a page that byte `offsets` in it fall in, as the bits of an int."""
     return int(np.bitwise_or.reduce(np.uint32(1) << (offsets >> LINE_BITS).astype(np.uint32)))
@@ -515,15 +542,36 @@ class StrictMemory(IdealMemory):
                 cu.l1.hold_region(self.memory.region_of(int(addresses[0]), size, who).base)
             return data
         l2 = cu.l2
-        if l2.stale or l2.dirty or (through_l1 and cu.l1.copies):
+        flat = None
+        viewed = l2.stale or l2.dirty or (through_l1 and cu.l1.copies)
+        if viewed:
             flat = byte_addresses(addresses, size)
             values = data.reshape(-1)
             self._view(l2, flat, values, count=True)
             if through_l1:
                 self.stale_bytes += cu.l1.copies.apply(flat, values)
+        if size > 4 and (viewed or any(other.dirty for other in self.l2s)):
+            self._tear(l2, addresses, size, flat, data)
         if through_l1:
             cu.l1.hold(lines_list(addresses, size))
         return data
+
+    def _tear(self, l2: L2, addresses, size: int, flat, data) -> None:
+        """A wide load's pieces are read at different times (tear_phases): phase 0
+        as the caches show it now (the oldest view), the later pieces the newest a
+        read may see: memory with every L2's dirty bytes (a dirty line may be
+        written back, and this CU's copies dropped, any time), the XCD's own last."""
+        phases = tear_phases(addresses, size)
+        if phases is None:
+            return
+        late = phases > 0
+        where = (byte_addresses(addresses, size) if flat is None else flat)[late]
+        newest = self.memory.peek(where)
+        for other in self.l2s:
+            if other is not l2 and other.dirty:
+                other.dirty.apply(where, newest)
+        l2.dirty.apply(where, newest)
+        data.reshape(-1)[late] = newest
 
     def load_scalar(self, w, region, start: int, count: int, cached: bool) -> np.ndarray:
         values = region.data[start:start + count].copy()
@@ -677,12 +725,21 @@ class StrictMemory(IdealMemory):
     # ------------------------------------------------------------------ polls
 
     def poll(self, w) -> None:
-        """w sleeps: the lines of its last vector load become coherent for it and
-        stay so while it sleeps (eventual visibility, as early as allowed)."""
+        """w sleeps: the lines of its last vector load, and of the L1-bypassing
+        (sc0 / sc1) ones in flight with it (issued since the wave last had no load
+        outstanding: a poll of several words at once), become coherent for it and
+        stay so while it sleeps (eventual visibility, as early as allowed). A load
+        the wave waited for before the poll's began is not polled: data read
+        early stays as stale as the caches keep it."""
         self.unpoll(w)
-        if w.last_load is None:
+        loads = ([w.last_load] if w.last_load is not None else []) + w.bypass_loads
+        w.bypass_loads = []
+        if not loads:
             return
-        lines = lines_of(*w.last_load).tolist()
+        if len(loads) == 1:
+            lines = lines_of(*loads[0]).tolist()
+        else:
+            lines = distinct(np.concatenate([lines_of(*load) for load in loads])).tolist()
         for line in lines:
             self._make_coherent(line, w)
             self.polled.setdefault(line, set()).add(w)

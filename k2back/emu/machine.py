@@ -148,6 +148,10 @@ class DecodeContext:
         if w.polled_lines:
             mem.unpoll(w)
         w.last_load = (addresses, size)
+        if not w.pending:  # no load outstanding: a new burst (coherence.StrictMemory.poll)
+            w.bypass_loads = []
+        if not through_l1:
+            w.bypass_loads.append(w.last_load)
         data = mem.load(w, addresses, size, who, through_l1)
         if w.unperformed:
             inflight.forward(w, addresses, size, data)
@@ -164,6 +168,10 @@ class DecodeContext:
             if v.polled_lines:
                 mem.unpoll(v)
             v.last_load = (addresses[s], size)
+            if not v.pending:
+                v.bypass_loads = []
+            if not through_l1:
+                v.bypass_loads.append(v.last_load)
         data = mem.load(batch, addresses, size, who, through_l1)
         for v, s in spans:
             if v.unperformed:
@@ -175,7 +183,7 @@ class DecodeContext:
         if addresses.size:
             self.mem.touch(addresses, data.shape[1], who)
             inflight.issue_store(w, ins, self.mem, byte_addresses(addresses, data.shape[1]),
-                                 data.reshape(-1).copy())
+                                 data.reshape(-1).copy(), addresses, data.shape[1])
         else:
             inflight.issue_vm(w, ins)
 
