@@ -131,10 +131,10 @@ def tear_phases(addresses: np.ndarray, size: int) -> np.ndarray | None:
     AMDGPUUsage "Memory Model GFX942": monotonic agent load / store = *_load / *_store
     sc1=1), and nothing makes a wider access, or one across an 8-byte boundary, one
     copy (RCCL's LL lines are 16 B with a flag in each 8-byte half, ROCm/rccl prims_ll.h).
-    Phase 0 is a lane's piece that is performed first (stores) or read in the oldest
-    view (loads), in the order the kernel likes least, deterministically: from its
-    highest piece down in even 16-byte granules, from its lowest up in odd ones, so
-    that a reader trusting one tag of a wider access meets a torn one either way."""
+    Phase 0 is a lane's piece read in the oldest view, in the order the kernel likes
+    least, deterministically: from its highest piece down in even 16-byte granules,
+    from its lowest up in odd ones, so that a reader trusting one tag of a wider
+    access meets a torn one either way (stores: store_phases, the same order)."""
     starts = addresses.astype(np.int64)
     first, last = starts >> 3, (starts + size - 1) >> 3
     if (first == last).all():
@@ -144,6 +144,21 @@ def tear_phases(addresses: np.ndarray, size: int) -> np.ndarray | None:
     n = (last - first + 1)[:, None]
     up = ((first >> 1) & 1).astype(bool)[:, None]
     return np.where(up, k, n - 1 - k).reshape(-1)
+
+
+def store_phases(flat: np.ndarray) -> np.ndarray | None:
+    """The phases a store's bytes (`flat`, every lane's) perform in, as a phase per
+    byte, or None for one: each lane's access, and each of a store instruction's
+    lanes, is single-copy atomic only within an aligned ATOM-byte piece (tear_phases),
+    so the pieces perform apart. Phase 0 (first) is the high piece of each even
+    16-byte granule and the low piece of each odd one, phase 1 the other: the order
+    of tear_phases for a lane's 16 bytes, and across lanes a reader trusting the
+    tags of some words of a granule meets the others stale either way."""
+    pieces = flat >> 3
+    phase = ((pieces & 1) == ((pieces >> 1) & 1)).astype(np.int8)
+    if phase.all() or not phase.any():
+        return None
+    return phase
 
 
 def _line_bits(offsets: np.ndarray) -> int:

@@ -45,7 +45,7 @@ import itertools
 
 import numpy as np
 
-from .coherence import among, byte_addresses, tear_phases
+from .coherence import among, byte_addresses, store_phases
 from .errors import ScoreboardError, UnsupportedInstruction
 from .operands import parse
 
@@ -87,17 +87,19 @@ def issue_vm(w, ins, dst: int = 0) -> None:
     _expect(w, w.vm, Op(ins, LOAD, dst))
 
 
-def issue_store(w, ins, mem, flat: np.ndarray, values: np.ndarray, addresses=None, size: int = 0) -> None:
-    """A store of `size` bytes a lane at `addresses` (`flat`, `values`: its bytes):
-    wider than its single-copy atomic pieces, its phases perform one by one
-    (coherence.tear_phases), a sleeper woken by one sees it before the next."""
+def issue_store(w, ins, mem, flat: np.ndarray, values: np.ndarray) -> None:
+    """A store (`flat`, `values`: its bytes, every lane's): covering more than one
+    single-copy atomic piece, its phases perform one by one (coherence.store_phases),
+    a sleeper woken by one sees it before the next."""
     op = Op(ins, STORE, done=not mem.strict)
     op.flat, op.values = flat, values
     if mem.strict:
         op.span = int(flat.min()), int(flat.max())
-        phases = tear_phases(addresses, size) if size > 4 else None
-        if phases is not None:
-            op.parts = [(flat[phases == p], values[phases == p]) for p in range(int(phases.max()) + 1)]
+        if op.span[1] - op.span[0] >= 8 or op.span[0] >> 3 != op.span[1] >> 3:
+            phases = store_phases(flat)
+            if phases is not None:
+                first = phases == 0
+                op.parts = [(flat[first], values[first]), (flat[~first], values[~first])]
         w.unperformed += 1
     else:
         mem.store(w.group.cu, flat, values)

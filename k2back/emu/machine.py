@@ -183,7 +183,7 @@ class DecodeContext:
         if addresses.size:
             self.mem.touch(addresses, data.shape[1], who)
             inflight.issue_store(w, ins, self.mem, byte_addresses(addresses, data.shape[1]),
-                                 data.reshape(-1).copy(), addresses, data.shape[1])
+                                 data.reshape(-1).copy())
         else:
             inflight.issue_vm(w, ins)
 
