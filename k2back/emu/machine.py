@@ -73,6 +73,7 @@ class Stats:
     lds_written: int = 0
     barriers: int = 0
     polls: dict = dataclasses.field(default_factory=dict)  # (workgroup, wave) -> s_sleep count
+    executed: list = dataclasses.field(default_factory=list)  # wave-instructions run at each instruction (asm order)
     cache_policy: dict = dataclasses.field(default_factory=dict)  # (access, bits) -> count
     workgroups: int = 0
     waves: int = 0
@@ -602,6 +603,7 @@ class Machine:
             counts[cls] += hit
         counts.pop("none", None)
         stats.instructions = dict(sorted(counts.items()))
+        stats.executed = list(self._hits)
         stats.wave_instructions = sum(counts.values())
         for region in self.memory.regions:
             stats.bytes_read[region.name] = region.read
