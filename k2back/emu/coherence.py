@@ -45,12 +45,21 @@ What each level keeps, and what a read returns:
 - Read-modify-write atomics are performed at memory (agent scope needs no sc1 on
   them [SIML enableRMWCacheBypass]), after the XCD's own dirty copy of the bytes.
 - Eventual visibility (what lets a flag poll end): when a wave sleeps (`s_sleep`,
-  the back-off of every poll loop), the lines of its last vector load are made
+  the back-off of every poll loop), the lines of its last vector load, and of the
+  L1-bypassing loads in flight with it (a poll of several tagged words), are made
   coherent for it: every L2's dirty bytes there are written back and its own
   stale copies dropped; a store performed into a line some wave sleeps on is
   written back at once and wakes the sleeper. Flags arrive as early as allowed,
   everything else as late as allowed. (A poll loop that never sleeps gets no such
   help and ends in Deadlock: harsher than the GPU; our kernels sleep between polls.)
+- Single-copy atomicity: only a naturally aligned 8-byte piece of an access is one
+  copy [LLVM: `load/store atomic i64` is one *_dwordx2, and nothing wider is one
+  instruction: AMDGPUISelLowering setMaxAtomicSizeInBitsSupported(64); RCCL's LL
+  lines on CDNA keep a flag in each 8-byte half, ROCm/rccl prims_ll.h]. A store
+  covering several pieces (a lane's dwordx3/x4, or several lanes' words) performs
+  them in two phases (store_phases), a sleeper woken by the first sees it before
+  the second; a load wider than a piece reads its first piece in the oldest view
+  and the later ones in the newest (tear_phases). Never is a piece torn.
 - Kernel boundaries: the launch starts with empty caches (the CP invalidates them
   at dispatch [LLVM]) and ends by writing every L2 back (the end-of-kernel
   release), so memory is what the next launch and the host see.
