@@ -94,8 +94,9 @@ def row_unfused(tp: int, tokens: int, arch: str) -> dict:
     kernels = {}
     for stage in STAGES:
         epoch = int(spec.view(scratch, "epoch", torch.int32)[0])
-        if stage in PRODUCER:  # the previous launch set them under its own tag
+        if stage in PRODUCER:  # the previous launch set them (and tagged its words) under its own tag
             spec.view(scratch, f"{PRODUCER[stage]}_flags", torch.int32)[:] = epoch + 1
+            spec.ll_retag(scratch, epoch + 1)
         kernel = compile_source(KernelSource(spec, (stage,)))
         out, stage_stats = profile.emulate(spec, kernel, inputs, scratch=scratch)
         kernels[stage] = stage_stats.modeled_ns / 1e3

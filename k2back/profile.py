@@ -274,11 +274,11 @@ STAMP_BUDGET = 0.01  # a timeline build's stamps: at most this part of the kerne
 @dataclasses.dataclass(frozen=True)
 class StampCost:
     """What a `timeline` build's stamps cost: one timed launch of the plain and of
-    the stamped kernel. The stamps move the modeled clock a little, so the flag
-    polls (s_sleep loops) differ between the two and are part of the difference:
-    `polled` bounds the instructions the polls added (the shortest trip of a poll
-    loop a poll added, the longest one a poll saved; a loop's count of polls is not
-    kept), `overhead` is the difference without them."""
+    the stamped kernel. The stamps move the modeled clock a little, so the polls
+    (s_sleep loops: of a flag, or of a batch of tagged words, a longer trip) differ
+    between the two and are part of the difference: `polled` is the instructions
+    the polls added (each loop's change of sleeps times its trip, loops paired in
+    asm order: polled_instructions), `overhead` is the difference without them."""
     plain: object  # Stats
     stamped: object
     polled: int
@@ -304,6 +304,28 @@ def poll_trips(asm: str) -> list[int]:
     return trips
 
 
+def polled_instructions(asm: str, name: str, executed) -> list[int]:
+    """Instructions the kernel's poll loops ran, each loop (asm order): its s_sleep's
+    executions (Stats.executed) times its trip, the instructions from the label a
+    branch after the sleep goes back to through that branch."""
+    from k2back.emu.asm import parse_kernel
+
+    kernel = parse_kernel(asm, name)
+    at = {label: index for label, index in kernel.labels.items()}
+    spent = []
+    for pc, ins in enumerate(kernel.instructions):
+        if ins.mnemonic != "s_sleep":
+            continue
+        for end in range(pc + 1, len(kernel.instructions)):
+            branch = kernel.instructions[end]
+            target = at.get(branch.operands[0]) if branch.mnemonic.startswith("s_cbranch") or \
+                branch.mnemonic == "s_branch" else None
+            if target is not None and target <= pc:
+                spent.append(executed[pc] * (end - target + 1))
+                break
+    return spent
+
+
 def stamp_cost(config, seed: int = 0) -> StampCost:
     """The stamps' cost (StampCost) of a configuration (a resolved Config)."""
     from k2back import ops
@@ -314,9 +336,10 @@ def stamp_cost(config, seed: int = 0) -> StampCost:
         spec, kernel = ops.build(config, timeline=timeline)
         inputs = make_inputs(config.geometry, config.tp, config.tokens, config.ratio, seed, arch=spec.arch,
                              swa_fp8=spec.swa_fp8, comp_fp8=spec.comp_fp8)
-        stats.append(emulate(spec, kernel, inputs)[1])
-    polls = stats[1].total_polls - stats[0].total_polls
-    return StampCost(*stats, polls * (min if polls > 0 else max)(poll_trips(kernel.asm)))
+        stats.append((emulate(spec, kernel, inputs)[1], kernel))
+    loops = [polled_instructions(kernel.asm, kernel.name, s.executed) for s, kernel in stats]
+    assert len(loops[0]) == len(loops[1]), "the stamped build's poll loops are the plain one's"
+    return StampCost(stats[0][0], stats[1][0], sum(loops[1]) - sum(loops[0]))
 
 
 def stamp_clock(backend, spec, device) -> tuple[float, int | None]:

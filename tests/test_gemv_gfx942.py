@@ -64,7 +64,7 @@ def test_gemv_wide_bytes_and_block_codes(arch, tokens):
     check(spec, scratch, out, want, ("x8b", "out"))
     if arch == "gfx942":
         # wo_b reads X8B without clearing 0x80 bytes: wo_a must never store one
-        assert not (spec.view(scratch, "x8b") == 0x80).any()
+        assert not (spec.payload(scratch, "x8b") == 0x80).any()
 
 
 def tiny_rows(inputs: dict, every: int = 4) -> dict:
@@ -92,7 +92,7 @@ def test_gemv_z_rounding_to_negative_zero(negative_zero):
     out, _ = gemv_launch(spec, kernel, inputs, want, scratch, epoch=0,
                          backend=EmuBackend(fnuz_negative_zero=negative_zero))
     check(spec, scratch, out, want, ("x8b", "out"))
-    assert not (spec.view(scratch, "x8b") == 0x80).any()
+    assert not (spec.payload(scratch, "x8b") == 0x80).any()
 
 
 @pytest.mark.parametrize("negative_zero", [0x00, 0x80])

@@ -269,6 +269,62 @@ def test_weakened_handoff_fails(arch, name):
         launch_and_check("tiny", 4, 3, 2, arch, inputs, kernel=edited)
 
 
+# --------------------------------------------------------------------------- tagged-word mutants
+#
+# X8B reaches wo_b as tagged words (plan.LL_WORD; handoff.ll_put / ll_get): a word is
+# this launch's when its high half holds the launch's tag, epoch + 1. A reader
+# trusting some of a line's words, or a tag that does not move with the epoch, must
+# fail under the strict model: its stores tear into 8-byte pieces that perform
+# apart, and a second launch on the same scratch finds the first one's words.
+
+# the tag a tagged word is stored with and compared to (and nothing else)
+LL_TAG = re.compile(r"(%\S+\.t = zext i32 |%\S+\.ok = icmp eq i32 %\S+\.t, )%tag\b")
+# the tag check of word q of a lane's 16 bytes of activations (gemv_x.load_batch)
+LL_CHECK = re.compile(r"(%x\d+\.r\.\d+\.(\d) = select i1 %\S+, i1 )%\S+\.ok(, i1 true)")
+
+
+def _edited(spec, kernel, ir):
+    assert ir != kernel.ir
+    edited = compile_source(IRSource(ir, kernel.name, spec.arch))
+    assert edited.asm != kernel.asm
+    return edited
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_tagged_words_need_the_epoch(arch):
+    """Words tagged 1 in every launch (the tag without the epoch): the second launch
+    on the same scratch, its consumers scheduled first, takes the first launch's X8B.
+    The kernel as built passes the same two launches."""
+    spec, kernel = build("tiny", 4, 3, 2, arch)
+    assert spec.wo_b.ll
+    edited = _edited(spec, kernel, LL_TAG.sub(lambda m: m[1] + "1", kernel.ir))
+    for candidate, fails in ((kernel, False), (edited, True)):
+        scratch = launch.new_scratch(spec, "cpu")
+        for launch_index in range(2):
+            inputs = make_inputs("tiny", 4, 3, 2, seed=200 + launch_index, arch=arch)
+            if fails and launch_index:
+                with pytest.raises(AssertionError, match="outside tolerance"):
+                    launch_and_check("tiny", 4, 3, 2, arch, inputs, kernel=candidate, scratch=scratch,
+                                     order="reverse")
+            else:
+                launch_and_check("tiny", 4, 3, 2, arch, inputs, kernel=candidate, scratch=scratch,
+                                 order="reverse")
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_tagged_words_all_checked(arch):
+    """A reader trusting the tags of words 1 and 2 of each lane's four (16 B of
+    activations in 32 B of words), not those of words 0 and 3: the producer's
+    dwordx2 stores tear apart (a lane's words 1 and 2 are the pieces that perform
+    first), so it reads stale X8B."""
+    spec, kernel = build("tiny", 4, 3, 2, arch)
+    ir = LL_CHECK.sub(lambda m: m[1] + "true" + m[3] if m[2] in "03" else m[0], kernel.ir)
+    edited = _edited(spec, kernel, ir)
+    inputs = make_inputs("tiny", 4, 3, 2, seed=7, arch=arch)
+    with pytest.raises(AssertionError, match="outside tolerance"):
+        launch_and_check("tiny", 4, 3, 2, arch, inputs, kernel=edited, order="reverse")
+
+
 # --------------------------------------------------------------------------- GEMV half
 
 

@@ -59,8 +59,13 @@ def test_supported_configuration(config):
         assert r.offset % REGION_ALIGN == 0 and r.offset >= ends
         ends = r.offset + r.bytes
     assert ends <= spec.scratch_bytes
-    assert spec.region("x8b").bytes == tokens * spec.o_rows
-    assert spec.region("x8b_codes").bytes == tokens * spec.o_rows // MX_BLOCK
+    # X8B: a byte a payload byte, or tagged words (8 B a 4-byte payload, 8 B a code)
+    words = spec.wo_b.ll
+    assert spec.ll_regions == ({"x8b": "bytes", "x8b_codes": "codes"} if words else {})
+    assert spec.region("x8b").bytes == tokens * spec.o_rows * (2 if words else 1)
+    assert spec.region("x8b_codes").bytes == tokens * spec.o_rows // MX_BLOCK * (8 if words else 1)
+    assert spec.payload_bytes("x8b") == tokens * spec.o_rows
+    assert spec.payload_bytes("x8b_codes") == tokens * spec.o_rows // MX_BLOCK
     assert spec.region("epoch_marks").bytes == 4 * spec.blocks
     for stage, flags in (("split", "split_flags"), ("combine", "combine_flags"),
                          ("wo_a", "wo_a_flags")):

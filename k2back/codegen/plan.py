@@ -62,6 +62,18 @@ STEP_BYTES = 64  # k bytes one 16-B load a lane covers across the 4 lane groups
 THREADS_PER_TOKEN = 8  # GEMV epilogue threads a token of a 16-token tile
 REGION_ALIGN = 256
 FLAG_BYTES = 4
+# A tagged word ("LL", NCCL's low-latency protocol; SPEC §3): LL_PAYLOAD bytes of hand-off
+# data and the launch's tag in one naturally aligned LL_WORD-byte word, stored and loaded
+# as one access at device scope: single-copy atomic (load/store atomic i64 -> one
+# *_dwordx2 sc1: LLVM AMDGPUUsage "Memory Model GFX942"; no atomic wider than 64 bits is one
+# instruction: AMDGPUISelLowering setMaxAtomicSizeInBitsSupported(64); RCCL's LL lines on
+# CDNA keep a flag in each 8-byte half, ROCm/rccl prims_ll.h). A reader that finds this
+# launch's tag in a word has its payload: no flag, no release or acquire fence (a
+# hand-off's critical path: release 160 + flag poll and its phase + acquire 130 ns less,
+# docs/timing-model.md). An MXFP8 code takes a word of its own (payload = the code).
+LL_WORD = 8
+LL_PAYLOAD = 4
+LL_MAX_TOKENS = 8  # X8B in tagged words up to this S (_gemv_stages)
 TASK_STAMPS = ("start", "end", "wait")  # a task's record (s_memrealtime ticks, low 32 bits)
 STAMP_BYTES = 4
 # timeline: a GEMV task's waves each await their own flags, and each writes the end of
@@ -166,6 +178,7 @@ class GemvStage:
     x_tiles: tuple[tuple[int, ...], ...]  # the x tiles of each 16-token tile
     x_steps: tuple[int, ...]  # activation steps loaded at once, each 16-token tile
     scale_late: tuple[bool, ...]  # fp8: a step's products scaled one step late, each 16-token tile
+    ll: bool  # its activations arrive as tagged words (LL_WORD): read until tagged, no flags awaited
     weight: str  # kernel argument of the fp8 weight and ...
     weight_scale: str  # ... of its UE8M0 codes (one a 32x32 block)
     x: str  # scratch region of the fp8 activation rows and ...
@@ -259,6 +272,39 @@ class KernelSpec:
         view = scratch[r.offset:r.offset + r.bytes]
         view = view if dtype is None else view.view(dtype)
         return view if shape is None else view.view(shape)
+
+    @property
+    def ll_words_per_payload(self) -> int:
+        """Bytes of tagged words a payload byte takes: word offset = this · payload offset."""
+        return LL_WORD // LL_PAYLOAD
+
+    @property
+    def ll_regions(self) -> dict[str, str]:
+        """The hand-off regions written as tagged words (LL_WORD): name -> "bytes"
+        (LL_PAYLOAD activation bytes a word) or "codes" (one MXFP8 code a word)."""
+        return {name: kind for st in (self.wo_a, self.wo_b) if st.ll
+                for name, kind in ((st.x, "bytes"), (st.x_codes, "codes"))}
+
+    def payload_bytes(self, name: str) -> int:
+        """Bytes of hand-off data region `name` holds (its words' payload, if tagged)."""
+        kind, size = self.ll_regions.get(name), self.region(name).bytes
+        return size if kind is None else size // LL_WORD * (LL_PAYLOAD if kind == "bytes" else 1)
+
+    def payload(self, scratch, name: str):
+        """The hand-off data of region `name` as uint8 (a copy if it is tagged words:
+        their payloads, a code a word), as the untagged region would hold it."""
+        kind = self.ll_regions.get(name)
+        if kind is None:
+            return self.view(scratch, name)
+        words = self.view(scratch, name).reshape(-1, LL_WORD)[:, :LL_PAYLOAD]
+        return (words if kind == "bytes" else words[:, :1]).reshape(-1).clone()
+
+    def ll_retag(self, scratch, tag: int) -> None:
+        """Give every tagged word in scratch the tag `tag` (a stage kernel standing in for
+        a launch whose producer stage ran before: its words carry that launch's tag)."""
+        for name in self.ll_regions:
+            words = self.view(scratch, name).view(dtype=_int32()).reshape(-1, LL_WORD // 4)
+            words[:, 1] = tag
 
     def lds_member(self, stage: str, name: str) -> LdsMember:
         for m in self.lds:
@@ -386,6 +432,12 @@ class KernelSpec:
         return "\n".join(lines)
 
 
+def _int32():
+    import torch  # scratch is a torch tensor (plan imports without torch)
+
+    return torch.int32
+
+
 def _from_data(tp, data):
     """Rebuild a (nested) frozen dataclass from its asdict() JSON form."""
     origin = typing.get_origin(tp)
@@ -489,7 +541,7 @@ def _x_schedule(mma: GemvMma, tokens: int, k_steps: int, x_batch: int):
 
 def _gemv_stage(name: str, mma: GemvMma, tokens: int, tasks: int, first_cta: int, ctas: int,
                 batch: bool, rows: int, k: int, x_batch: int, after_split: bool = False,
-                weight_rounds: int = 1, **operands) -> GemvStage:
+                weight_rounds: int = 1, ll: bool = False, **operands) -> GemvStage:
     k_waves, k_steps = _k_split(k, mma.code_steps)
     loads = rows // TILE * k_steps
     weight_rounds = max(n for n in range(1, weight_rounds + 1) if loads % n == 0)
@@ -505,7 +557,7 @@ def _gemv_stage(name: str, mma: GemvMma, tokens: int, tasks: int, first_cta: int
         after_split=after_split, weight_rounds=weight_rounds,
         rows=rows, k=k, k_waves=k_waves, k_steps=k_steps, step=STEP_BYTES, block=MX_BLOCK,
         code_steps=mma.code_steps, x_batch=x_batch, token_tiles=math.ceil(tokens / TILE),
-        x_tokens=mma.x_tokens, x_tiles=x_tiles, x_steps=x_steps, scale_late=scale_late,
+        x_tokens=mma.x_tokens, x_tiles=x_tiles, x_steps=x_steps, scale_late=scale_late, ll=ll,
         red=0, red_wave=rows // TILE * 64 * 16, ep_threads=_epilogue_threads(tokens), **operands)
 
 
@@ -549,14 +601,20 @@ def _gemv_stages(geo, rank: RankShape, tokens: int, att: AttentionPlan, blocks: 
     # in front of the split's KV gathers on the critical path: they start once the
     # split is done (wo_b's flags come two hand-offs later), in rounds (WOB_WEIGHT_ROUNDS)
     wob_loads = wob_rows // TILE * wob_steps
+    # X8B in tagged words at decode: while S fits one 8-token x tile and a wave's activation
+    # steps are one batch (twice their registers as words: k_steps 16-B loads a lane become
+    # 2·k_steps). benchmarks/modeled_time.py, V4.1-Flash TP 4: S 1 gfx942 9.07 -> 8.71 us,
+    # gfx950 7.25 -> 6.89; S 2 9.28 -> 8.90, 7.05 -> 6.90; but S 16 14.87 -> 27.29 and
+    # 10.08 -> 16.39 (wo_a's span: its stores into the lines 160 CTAs' waves poll; not
+    # understood yet): flags from S 9 on
+    wob_x_batch = _x_batch(wob_steps, mma.code_steps, token_tiles, wob_loads)
     wo_b = _gemv_stage(
         "wo_b", mma, tokens, wob_tasks, busy % blocks, wob_ctas,
         batch=_batch_fits(math.ceil(wob_tasks / wob_ctas) * wob_loads, token_tiles),
         after_split=wob_ctas <= free,
         weight_rounds=WOB_WEIGHT_ROUNDS if wob_ctas <= free else 1,
-        rows=wob_rows, k=rank.o_rows,
-        x_batch=_x_batch(wob_steps, mma.code_steps, token_tiles, wob_loads),
-        weight="wo_b", weight_scale="wo_b_scale", x="x8b", x_codes="x8b_codes",
+        rows=wob_rows, k=rank.o_rows, x_batch=wob_x_batch,
+        ll=tokens <= LL_MAX_TOKENS and wob_x_batch == wob_steps, weight="wo_b", weight_scale="wo_b_scale", x="x8b", x_codes="x8b_codes",
         x_row=rank.o_rows, tasks_per_group=wob_tasks, wait_flags="wo_a_flags", wait_span=WOA_ROWS,
         wait_stride=0)
     return wo_a, wo_b
@@ -577,13 +635,16 @@ def _lds_union(att: AttentionPlan, gemvs, info: ArchInfo, what: str):
     return lds, lds_bytes
 
 
-def _scratch_regions(att: AttentionPlan, wo_a: GemvStage, rank: RankShape, tokens: int,
-                     blocks: int) -> tuple[tuple[Region, ...], int]:
-    """The scratch regions at 256-B aligned offsets, and the bytes of all."""
+def _scratch_regions(att: AttentionPlan, wo_a: GemvStage, wo_b: GemvStage, rank: RankShape,
+                     tokens: int, blocks: int) -> tuple[tuple[Region, ...], int]:
+    """The scratch regions at 256-B aligned offsets, and the bytes of all. A GEMV's
+    activations read as tagged words (GemvStage.ll) take LL_WORD bytes a LL_PAYLOAD
+    of them, and a word a code."""
+    words = LL_WORD // LL_PAYLOAD if wo_b.ll else 1
     region_bytes = {
         **att.scratch,
-        "x8b": tokens * rank.o_rows,
-        "x8b_codes": tokens * rank.o_rows // MX_BLOCK,
+        "x8b": tokens * rank.o_rows * words,
+        "x8b_codes": tokens * rank.o_rows // MX_BLOCK * (LL_WORD if wo_b.ll else 1),
         # hand-off flags: one word a producer task, value = the launch's tag
         "split_flags": att.split_tasks * FLAG_BYTES,
         "combine_flags": att.combine_tasks * FLAG_BYTES,
@@ -626,7 +687,7 @@ def plan(geometry: Config | str, tp: int | None = None, tokens: int | None = Non
     mma = GEMV_MMA["scaled" if info.scaled_mfma else "fp8"]
     wo_a, wo_b = _gemv_stages(geo, rank, tokens, att, blocks, mma)
     lds, lds_bytes = _lds_union(att, (wo_a, wo_b), info, f"{geo.name} TP {tp} S {tokens}")
-    scratch, scratch_bytes = _scratch_regions(att, wo_a, rank, tokens, blocks)
+    scratch, scratch_bytes = _scratch_regions(att, wo_a, wo_b, rank, tokens, blocks)
 
     spec = KernelSpec(
         geometry=geo.name, tp=tp, tokens=tokens, ratio=ratio, arch=arch,

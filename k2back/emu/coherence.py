@@ -45,12 +45,21 @@ What each level keeps, and what a read returns:
 - Read-modify-write atomics are performed at memory (agent scope needs no sc1 on
   them [SIML enableRMWCacheBypass]), after the XCD's own dirty copy of the bytes.
 - Eventual visibility (what lets a flag poll end): when a wave sleeps (`s_sleep`,
-  the back-off of every poll loop), the lines of its last vector load are made
+  the back-off of every poll loop), the lines of its last vector load, and of the
+  L1-bypassing loads in flight with it (a poll of several tagged words), are made
   coherent for it: every L2's dirty bytes there are written back and its own
   stale copies dropped; a store performed into a line some wave sleeps on is
   written back at once and wakes the sleeper. Flags arrive as early as allowed,
   everything else as late as allowed. (A poll loop that never sleeps gets no such
   help and ends in Deadlock: harsher than the GPU; our kernels sleep between polls.)
+- Single-copy atomicity: only a naturally aligned 8-byte piece of an access is one
+  copy [LLVM: `load/store atomic i64` is one *_dwordx2, and nothing wider is one
+  instruction: AMDGPUISelLowering setMaxAtomicSizeInBitsSupported(64); RCCL's LL
+  lines on CDNA keep a flag in each 8-byte half, ROCm/rccl prims_ll.h]. A store
+  covering several pieces (a lane's dwordx3/x4, or several lanes' words) performs
+  them in two phases (store_phases), a sleeper woken by the first sees it before
+  the second; a load wider than a piece reads its first piece in the oldest view
+  and the later ones in the newest (tear_phases). Never is a piece torn.
 - Kernel boundaries: the launch starts with empty caches (the CP invalidates them
   at dispatch [LLVM]) and ends by writing every L2 back (the end-of-kernel
   release), so memory is what the next launch and the host see.
@@ -127,6 +136,48 @@ def sorted_lines(addresses: np.ndarray, size: int) -> list[int]:
     if size > 1 and any((a ^ (a + size - 1)) >> LINE_BITS for a in starts):  # one crosses a line
         return lines_of(addresses, size).tolist()
     return sorted({a >> LINE_BITS for a in starts})
+
+
+ATOM = 8  # bytes of the widest single-copy atomic access: a naturally aligned dwordx2
+
+
+def tear_phases(addresses: np.ndarray, size: int) -> np.ndarray | None:
+    """The pieces of an access of `size` bytes a lane at `addresses` that are single-
+    copy atomic, as a phase per byte (int [lanes * size]), or None when each lane's
+    access is one piece. A piece is the lane's bytes in one naturally aligned ATOM
+    bytes: LLVM lowers atomic loads and stores of up to 64 bits to one
+    global/buffer_load/store_dwordx2 (AMDGPUISelLowering: setMaxAtomicSizeInBitsSupported(64);
+    AMDGPUUsage "Memory Model GFX942": monotonic agent load / store = *_load / *_store
+    sc1=1), and nothing makes a wider access, or one across an 8-byte boundary, one
+    copy (RCCL's LL lines are 16 B with a flag in each 8-byte half, ROCm/rccl prims_ll.h).
+    Phase 0 is a lane's piece read in the oldest view, in the order the kernel likes
+    least, deterministically: from its highest piece down in even 16-byte granules,
+    from its lowest up in odd ones, so that a reader trusting one tag of a wider
+    access meets a torn one either way (stores: store_phases, the same order)."""
+    starts = addresses.astype(np.int64)
+    first, last = starts >> 3, (starts + size - 1) >> 3
+    if (first == last).all():
+        return None
+    chunk = (starts[:, None] + np.arange(size)) >> 3
+    k = chunk - first[:, None]
+    n = (last - first + 1)[:, None]
+    up = ((first >> 1) & 1).astype(bool)[:, None]
+    return np.where(up, k, n - 1 - k).reshape(-1)
+
+
+def store_phases(flat: np.ndarray) -> np.ndarray | None:
+    """The phases a store's bytes (`flat`, every lane's) perform in, as a phase per
+    byte, or None for one: each lane's access, and each of a store instruction's
+    lanes, is single-copy atomic only within an aligned ATOM-byte piece (tear_phases),
+    so the pieces perform apart. Phase 0 (first) is the high piece of each even
+    16-byte granule and the low piece of each odd one, phase 1 the other: the order
+    of tear_phases for a lane's 16 bytes, and across lanes a reader trusting the
+    tags of some words of a granule meets the others stale either way."""
+    pieces = flat >> 3
+    phase = ((pieces & 1) == ((pieces >> 1) & 1)).astype(np.int8)
+    if phase.all() or not phase.any():
+        return None
+    return phase
 
 
 def _line_bits(offsets: np.ndarray) -> int:
@@ -534,17 +585,38 @@ class StrictMemory(IdealMemory):
                 if through_l1:
                     cu.l1.hold_region(base)
                 continue
-            mine = addresses[lanes]
+            mine, theirs = addresses[lanes], data[lanes]  # a view: the lanes' rows are consecutive
             l2 = cu.l2
-            if l2.stale or l2.dirty or (through_l1 and cu.l1.copies):
+            flat = None
+            viewed = l2.stale or l2.dirty or (through_l1 and cu.l1.copies)
+            if viewed:
                 flat = byte_addresses(mine, size)
-                values = data[lanes].reshape(-1)  # a view: the lanes' rows are consecutive
+                values = theirs.reshape(-1)
                 self._view(l2, flat, values, count=True)
                 if through_l1:
                     self.stale_bytes += cu.l1.copies.apply(flat, values)
+            if size > 4 and (viewed or any(other.dirty for other in self.l2s)):
+                self._tear(l2, mine, size, flat, theirs)
             if through_l1:
                 cu.l1.hold(lines_list(mine, size))
         return data
+
+    def _tear(self, l2: L2, addresses, size: int, flat, data) -> None:
+        """A wide load's pieces are read at different times (tear_phases): phase 0
+        as the caches show it now (the oldest view), the later pieces the newest a
+        read may see: memory with every L2's dirty bytes (a dirty line may be
+        written back, and this CU's copies dropped, any time), the XCD's own last."""
+        phases = tear_phases(addresses, size)
+        if phases is None:
+            return
+        late = phases > 0
+        where = (byte_addresses(addresses, size) if flat is None else flat)[late]
+        newest = self.memory.peek(where)
+        for other in self.l2s:
+            if other is not l2 and other.dirty:
+                other.dirty.apply(where, newest)
+        l2.dirty.apply(where, newest)
+        data.reshape(-1)[late] = newest
 
     def load_scalar(self, w, region, start: int, count: int, cached: bool) -> np.ndarray:
         values = region.data[start:start + count].copy()
@@ -700,12 +772,21 @@ class StrictMemory(IdealMemory):
     # ------------------------------------------------------------------ polls
 
     def poll(self, w) -> None:
-        """w sleeps: the lines of its last vector load become coherent for it and
-        stay so while it sleeps (eventual visibility, as early as allowed)."""
+        """w sleeps: the lines of its last vector load, and of the L1-bypassing
+        (sc0 / sc1) ones in flight with it (issued since the wave last had no load
+        outstanding: a poll of several words at once), become coherent for it and
+        stay so while it sleeps (eventual visibility, as early as allowed). A load
+        the wave waited for before the poll's began is not polled: data read
+        early stays as stale as the caches keep it."""
         self.unpoll(w)
-        if w.last_load is None:
+        loads = ([w.last_load] if w.last_load is not None else []) + w.bypass_loads
+        w.bypass_loads = []
+        if not loads:
             return
-        lines = sorted_lines(*w.last_load)
+        if len(loads) == 1:
+            lines = sorted_lines(*loads[0])
+        else:
+            lines = distinct(np.concatenate([lines_of(*load) for load in loads])).tolist()
         for line in lines:
             self._make_coherent(line, w)
             self.polled.setdefault(line, set()).add(w)

@@ -45,7 +45,7 @@ import itertools
 
 import numpy as np
 
-from .coherence import among, byte_addresses
+from .coherence import among, byte_addresses, store_phases
 from .errors import ScoreboardError, UnsupportedInstruction
 from .operands import parse
 
@@ -57,14 +57,15 @@ class Op:
     """One outstanding memory instruction: the registers its return writes (`dst`,
     a bit mask) and, until it is performed (`done`), what it still has to do: a
     store's bytes (`flat` addresses, `values`; `span`: the lowest and highest
-    address), an LDS store's (write, args) or a write-back's scope (True: agent or
-    system) in `perform`."""
+    address; `parts`: of a store wider than its atomic pieces, the (flat, values)
+    of each phase still to perform, coherence.tear_phases), an LDS store's (write,
+    args) or a write-back's scope (True: agent or system) in `perform`."""
 
-    __slots__ = ("done", "dst", "flat", "ins", "kind", "perform", "span", "values")
+    __slots__ = ("done", "dst", "flat", "ins", "kind", "parts", "perform", "span", "values")
 
     def __init__(self, ins, kind: int, dst: int = 0, done: bool = True):
         self.ins, self.kind, self.dst, self.done = ins, kind, dst, done
-        self.flat = self.values = self.perform = self.span = None
+        self.flat = self.values = self.perform = self.span = self.parts = None
 
 
 # ------------------------------------------------------------------ issue
@@ -87,10 +88,18 @@ def issue_vm(w, ins, dst: int = 0) -> None:
 
 
 def issue_store(w, ins, mem, flat: np.ndarray, values: np.ndarray) -> None:
+    """A store (`flat`, `values`: its bytes, every lane's): covering more than one
+    single-copy atomic piece, its phases perform one by one (coherence.store_phases),
+    a sleeper woken by one sees it before the next."""
     op = Op(ins, STORE, done=not mem.strict)
     op.flat, op.values = flat, values
     if mem.strict:
         op.span = int(flat.min()), int(flat.max())
+        if op.span[1] - op.span[0] >= 8 or op.span[0] >> 3 != op.span[1] >> 3:
+            phases = store_phases(flat)
+            if phases is not None:
+                first = phases == 0
+                op.parts = [(flat[first], values[first]), (flat[~first], values[~first])]
         w.unperformed += 1
     else:
         mem.store(w.group.cu, flat, values)
@@ -143,7 +152,7 @@ def forward(w, addresses: np.ndarray, size: int, data: np.ndarray) -> None:
 def perform_own_stores(w, mem) -> None:
     """Perform the wave's unperformed stores in program order (before an atomic)."""
     for op in w.vm:
-        if not op.done:
+        while not op.done:
             _perform(w, op, mem, ())
     w.unperformed = 0
 
@@ -174,10 +183,18 @@ def retire_vm(w, keep: int, mem, progress) -> bool:
         # newest store first, write-backs last (after their wave's older stores)
         todo.sort(key=lambda i: (batch[i].kind == WRITEBACK, -i if batch[i].kind == STORE else i))
         for step, i in enumerate(todo):
-            newer = [op for op in batch[i + 1:] if op.kind == STORE and op.done]
-            woke = _perform(w, batch[i], mem, newer)
-            w.unperformed -= 1
+            op = batch[i]
+            newer = [other for other in batch[i + 1:] if other.kind == STORE and other.done]
+            woke = _perform(w, op, mem, newer)
             progress()
+            if not op.done:  # a torn store: its next phase on the wave's next turn if it woke one
+                if woke:
+                    return True
+                while not op.done:
+                    woke = _perform(w, op, mem, newer)
+                    if woke and not op.done:
+                        return True
+            w.unperformed -= 1
             if woke and step + 1 < len(todo):
                 return True
     for _ in range(count):
@@ -186,11 +203,17 @@ def retire_vm(w, keep: int, mem, progress) -> bool:
 
 
 def _perform(w, op, mem, newer) -> bool:
-    op.done = True
+    """Perform op, or the next phase of a torn store (op.done once its last is)."""
     if op.kind == WRITEBACK:
+        op.done = True
         mem.writeback(w.group.cu, op.perform)
         return False
-    flat, values = op.flat, op.values
+    if op.parts:
+        flat, values = op.parts.pop(0)
+        op.done = not op.parts
+    else:
+        op.done = True
+        flat, values = op.flat, op.values
     low, high = op.span
     newer = [other.flat for other in newer if other.span[1] >= low and other.span[0] <= high]
     span = op.span

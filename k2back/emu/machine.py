@@ -74,6 +74,7 @@ class Stats:
     lds_written: int = 0
     barriers: int = 0
     polls: dict = dataclasses.field(default_factory=dict)  # (workgroup, wave) -> s_sleep count
+    executed: list = dataclasses.field(default_factory=list)  # wave-instructions run at each instruction (asm order)
     cache_policy: dict = dataclasses.field(default_factory=dict)  # (access, bits) -> count
     workgroups: int = 0
     waves: int = 0
@@ -146,9 +147,7 @@ class DecodeContext:
         if owners is not None:
             return self._load_over_waves(w, addresses, owners, size, who, through_l1)
         mem = self.mem
-        if w.polled_lines:
-            mem.unpoll(w)
-        w.last_load = (addresses, size)
+        _note_load(mem, w, addresses, size, through_l1)
         data = mem.load(w, addresses, size, who, through_l1)
         if w.unperformed:
             inflight.forward(w, addresses, size, data)
@@ -162,9 +161,7 @@ class DecodeContext:
             return np.concatenate([self.load(v, addresses[s], size, who, through_l1) for v, s in spans])
         mem = self.mem
         for v, s in spans:
-            if v.polled_lines:
-                mem.unpoll(v)
-            v.last_load = (addresses[s], size)
+            _note_load(mem, v, addresses[s], size, through_l1)
         cus = None
         if batch.group is None:  # waves of several workgroups: each one's CU and lanes
             runs = []  # [workgroup, first lane, end]
@@ -651,6 +648,7 @@ class Machine:
             counts[cls] += hit
         counts.pop("none", None)
         stats.instructions = dict(sorted(counts.items()))
+        stats.executed = list(self._hits)
         stats.wave_instructions = sum(counts.values())
         for region in self.memory.regions:
             stats.bytes_read[region.name] = region.read
@@ -742,6 +740,17 @@ def _gather_spans(scoreboard, batchable, classes) -> list:
     return [(row_spans((reads | writes) & rows), row_spans(writes & rows))
             if batch and cls in GATHERED_CLASSES else None
             for (reads, writes, _), batch, cls in zip(scoreboard.effects, batchable, classes)]
+
+
+def _note_load(mem, w, addresses, size: int, through_l1: bool) -> None:
+    """w issues a vector load: what its next sleep polls (coherence.StrictMemory.poll)."""
+    if w.polled_lines:
+        mem.unpoll(w)
+    w.last_load = (addresses, size)
+    if not w.pending:  # no load outstanding: a new burst
+        w.bypass_loads = []
+    if not through_l1:
+        w.bypass_loads.append(w.last_load)
 
 
 def _pending(waves) -> int:

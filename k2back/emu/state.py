@@ -57,6 +57,7 @@ class Wave:
     """
 
     __slots__ = (
+        "bypass_loads",
         "done",
         "exec",
         "f",
@@ -109,6 +110,9 @@ class Wave:
         self.lds_unperformed = 0
         self.last_load = None  # (lane addresses, bytes a lane) of the last vector load
         self.polled_lines = ()  # the lines it sleeps on (coherence.StrictMemory.poll)
+        # (lane addresses, bytes a lane) of its L1-bypassing vector loads issued since it
+        # last had no load outstanding (what a sleep polls: coherence.StrictMemory.poll)
+        self.bypass_loads = []
         # as set_exec sets them (no batch of its workgroup has read a mask yet)
         self.exec, self.full, self.mask = exec_state
 

@@ -674,8 +674,9 @@ def run_kernel(spec, kernel, inputs: dict, scratch: torch.Tensor, backend=None, 
 
 
 def mxfp8_of(spec, scratch: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(bytes, codes) of an MXFP8 hand-off region ("xo" or "x8b"), [S, ...] each."""
-    return tuple(spec.view(scratch, r).reshape(spec.tokens, -1).to("cpu", copy=True)
+    """(bytes, codes) of an MXFP8 hand-off region ("xo" or "x8b"), [S, ...] each (the
+    payloads, where the region holds tagged words: spec.payload)."""
+    return tuple(spec.payload(scratch, r).reshape(spec.tokens, -1).to("cpu", copy=True)
                  for r in (name, f"{name}_codes"))
 
 
