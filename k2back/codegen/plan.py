@@ -76,14 +76,6 @@ LL_PAYLOAD = 4
 LL_MAX_TOKENS = 8  # X8B in tagged words up to this S (_gemv_stages)
 TASK_STAMPS = ("start", "end", "wait")  # a task's record (s_memrealtime ticks, low 32 bits)
 STAMP_BYTES = 4
-# timeline: a GEMV task's waves each await their own flags, and each writes the end of
-# its wait to its own LDS word (a plain store at its %tid & -WAVE: a wave's 4
-# instructions with the stamp, where an atomic max in the record cost it 13), whose
-# max the task's record takes. wo_a's tasks of a CTA take turns in two sets of words:
-# the waves of its next task may stamp before wave 0 read the last one's, not those of
-# the task after it, behind the next one's publish. Only wo_b's first task of a CTA
-# waits (the later ones use the same activations).
-WAIT_WORDS = (("wo_a", 0), ("wo_a", 1), ("wo_b", 0))
 MAX_X_STEPS = 16  # 16-B activation loads a lane holds at once (64 VGPRs)
 MAX_BATCH_LOADS = 32  # 16-B weight loads a lane may hold for a CTA's batch of tasks (128 VGPRs)
 # wo_a's weights stream from launch, beside the split's KV gathers on the critical path:
@@ -352,22 +344,6 @@ class KernelSpec:
         """Byte offset in a CTA's row of stamp `kind` of the CTA's first task of
         `stage`; its kth task's is k records further."""
         return (self.stamp_rows[stage][0] + TASK_STAMPS.index(kind)) * STAMP_BYTES
-
-    @property
-    def wait_word_bytes(self) -> int:
-        """Bytes from one wave's word of wait_words to the next's: a wave's lanes, so
-        that wave w's word is at %tid & -wait_word_bytes past wave 0's."""
-        return WAVE
-
-    def wait_words(self, stage: str, nth: int) -> int | None:
-        """LDS offset of wave 0's word where the waves of this CTA's `nth` task of
-        `stage` write their wait ends (wave w's wait_word_bytes·w bytes on; the
-        sets of WAIT_WORDS side by side; a timeline build), None: the stage's waits
-        are not the waves'."""
-        key = (stage, nth % 2 if stage == "wo_a" else 0)
-        if key not in WAIT_WORDS:
-            return None
-        return self.lds_member("timeline", "waits").offset + WAIT_WORDS.index(key) * STAMP_BYTES
 
     def stage_ctas(self, stage: str) -> set[int]:
         """The CTAs that run tasks of `stage` (task_cta)."""
@@ -702,10 +678,5 @@ def plan(geometry: Config | str, tp: int | None = None, tokens: int | None = Non
     if not timeline:
         return spec
     stamps = Region("timeline", scratch_bytes, blocks * spec.stamp_row_bytes)
-    # the GEMV waves' wait ends (KernelSpec.wait_words), past every other member
-    waits = LdsMember("timeline", "waits", lds_bytes, max(wo_a.k_waves, wo_b.k_waves) * WAVE)
-    _check("tokens/tp", f"{geo.name} TP {tp} S {tokens}", f"timeline: LDS within {info.lds_budget} B",
-           waits.offset + waits.bytes <= info.lds_budget)
-    return dataclasses.replace(spec, scratch=(*scratch, stamps), lds=(*lds, waits),
-                               lds_bytes=waits.offset + waits.bytes,
+    return dataclasses.replace(spec, scratch=(*scratch, stamps),
                                scratch_bytes=_align(stamps.offset + stamps.bytes))
