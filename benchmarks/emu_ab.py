@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib
+import importlib.util
 import io
 import pathlib
 import subprocess
@@ -42,8 +43,11 @@ def base_emulator(rev: str, into: pathlib.Path):
     (into / "k2back" / "emu").rename(package)
     for path in package.glob("*.py"):
         path.write_text(path.read_text().replace("from k2back.emu", "from base_emu"))
-    sys.path.insert(0, str(into))
-    return importlib.import_module("base_emu")
+    spec = importlib.util.spec_from_file_location("base_emu", package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
+    module = sys.modules["base_emu"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def yardstick() -> tuple[float, float]:

@@ -167,10 +167,12 @@ class StampedTask:
     end_ns: float
 
 
-def waits_on_flags(stage: str, nth: int) -> bool:
-    """Whether a CTA's `nth` task of `stage` ends a flag wait (kernel.ll.j2):
-    every combine and wo_a task; wo_b's first task on a CTA."""
-    return stage in ("combine", "wo_a") or (stage == "wo_b" and nth == 0)
+def waits_on_flags(spec, stage: str, nth: int) -> bool:
+    """Whether a CTA's `nth` task of `stage` ends a wait for its inputs (kernel.ll.j2):
+    every combine and wo_a task; wo_b's first task on a CTA (its flags hold for the
+    CTA's later tasks), or every wo_b task when it reads tagged words (each polls its
+    own: gemv_x.load_batch)."""
+    return stage in ("combine", "wo_a") or (stage == "wo_b" and (nth == 0 or spec.wo_b.ll))
 
 
 def cta_tasks(spec) -> dict[int, list[tuple[str, int, int]]]:
@@ -187,7 +189,7 @@ def stamps_written(spec) -> int:
     """Stamps a launch of a timeline build writes: each task's record holds the
     CTA's start and the task's end, and the end of its flag wait if it waits."""
     tasks = [(stage, nth) for runs in cta_tasks(spec).values() for stage, _, nth in runs]
-    return 2 * len(tasks) + sum(waits_on_flags(*t) for t in tasks)
+    return 2 * len(tasks) + sum(waits_on_flags(spec, *t) for t in tasks)
 
 
 def stamped_tasks(spec, scratch, tick_hz: float, origin: int | None = None) -> list[StampedTask]:
@@ -224,7 +226,7 @@ def stamped_tasks(spec, scratch, tick_hz: float, origin: int | None = None) -> l
         for stage, task, nth in tasks:
             wait, end = (stamp(cta, stage, nth, k) for k in ("wait", "end"))
             out.append(StampedTask(cta, stage, task, begin,
-                                   at(wait) if waits_on_flags(stage, nth) else None, at(end)))
+                                   at(wait) if waits_on_flags(spec, stage, nth) else None, at(end)))
             begin = at(end)
     return sorted(out, key=lambda s: (s.cta, s.begin_ns))
 

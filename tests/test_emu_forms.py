@@ -600,6 +600,46 @@ def test_global_and_scalar_load_forms_with_offsets():
         np.testing.assert_array_equal(out[2048 + 64 * i:2048 + 64 * (i + 1)], np.full(64, word(byte)))
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_global_dwordx2_agent_forms_and_s_nor_b64(arch):
+    """The tagged-word hand-off's forms (plan.LL_WORD): global_load_dwordx2 with a 64-bit
+    VGPR address, with and without an offset (sc1), global_store_dwordx2 with an SGPR
+    base, with and without an offset (sc1); and s_nor_b64 (~(a | b), both halves)."""
+    g = np.random.default_rng(35)
+    out = np.zeros(4096, U32)
+    out[:1024] = g.integers(0, 2**32, 1024, dtype=np.uint64).astype(U32)
+    a, b = (int(x) for x in g.integers(0, 2**64, 2, dtype=np.uint64))
+    body = f"""
+\ts_load_dwordx2 s[2:3], s[0:1], 0x0
+\tv_lshlrev_b32_e32 v10, 3, v0
+\ts_waitcnt lgkmcnt(0)
+\tv_mov_b32_e32 v5, s3
+\tv_add_co_u32_e32 v4, vcc, s2, v10
+\tv_addc_co_u32_e32 v5, vcc, 0, v5, vcc
+\tglobal_load_dwordx2 v[20:21], v[4:5], off sc1
+\tglobal_load_dwordx2 v[22:23], v[4:5], off offset:1024 sc1
+\ts_mov_b32 s6, {a & M32:#x}
+\ts_mov_b32 s7, {a >> 32:#x}
+\ts_mov_b32 s8, {b & M32:#x}
+\ts_mov_b32 s9, {b >> 32:#x}
+\ts_nor_b64 s[10:11], s[6:7], s[8:9]
+\ts_waitcnt vmcnt(0)
+\tv_add_u32_e32 v11, 0x2000, v10
+\tglobal_store_dwordx2 v11, v[20:21], s[2:3] sc1
+\tglobal_store_dwordx2 v11, v[22:23], s[2:3] offset:512 sc1
+\tv_mov_b32_e32 v24, s10
+\tv_mov_b32_e32 v25, s11
+\tv_add_u32_e32 v12, 0x3000, v10
+\tglobal_store_dwordx2 v12, v[24:25], s[2:3]"""
+    source = out.copy()
+    run_handwritten(arch, body, out)
+    np.testing.assert_array_equal(out[2048:2176], source[:128])  # 8 bytes a lane from byte 0
+    np.testing.assert_array_equal(out[2176:2304], source[256:384])  # from byte 1024, to 0x2200
+    nor = ~(a | b) & (2**64 - 1)
+    expect = np.tile(np.array([nor & M32, nor >> 32], U32), 64)
+    np.testing.assert_array_equal(out[3072:3200], expect)
+
+
 def lds_model(writes, reads, lds_bytes):
     """Apply DS writes [(per-lane byte addresses [64, n], data [64, n] u32)] then read
     [(addresses [64, n], bytes per element)] back from a byte image."""

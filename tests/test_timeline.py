@@ -118,7 +118,7 @@ def check_against_spans(spec, scratch, stats):
              for (cta, wave), events in stats.timeline.items() if wave == 0}
     for t in tasks:
         nth = spec.task_cta(t.stage, t.task)[1]
-        assert (t.wait_ns is not None) == waits_on_flags(t.stage, nth)
+        assert (t.wait_ns is not None) == waits_on_flags(spec, t.stage, nth)
         if t.wait_ns is None:
             continue
         assert t.begin_ns <= t.wait_ns <= t.end_ns, t
