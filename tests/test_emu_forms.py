@@ -564,6 +564,18 @@ def test_buffer_store_forms():
     np.testing.assert_array_equal(out.view(np.uint8)[4096:], image[4096:])
 
 
+def global_address(stride: int) -> str:
+    """Asm: s[2:3] the kernarg's buffer, v10 the lane's byte offset (`stride` bytes a
+    lane), v[4:5] their sum (a global address)."""
+    return f"""
+\ts_load_dwordx2 s[2:3], s[0:1], 0x0
+\tv_lshlrev_b32_e32 v10, {stride.bit_length() - 1}, v0
+\ts_waitcnt lgkmcnt(0)
+\tv_mov_b32_e32 v5, s3
+\tv_add_co_u32_e32 v4, vcc, s2, v10
+\tv_addc_co_u32_e32 v5, vcc, 0, v5, vcc"""
+
+
 def test_global_and_scalar_load_forms_with_offsets():
     """global_load_dword with a 64-bit VGPR address and offset (sc1), global_store_dword
     with an SGPR base and offset (sc1), s_load_dword{,x2,x4} with an SGPR soffset and
@@ -571,13 +583,7 @@ def test_global_and_scalar_load_forms_with_offsets():
     g = np.random.default_rng(34)
     out = np.zeros(4096, U32)
     out[:1024] = g.integers(0, 2**32, 1024, dtype=np.uint64).astype(U32)
-    body = """
-\ts_load_dwordx2 s[2:3], s[0:1], 0x0
-\tv_lshlrev_b32_e32 v10, 2, v0
-\ts_waitcnt lgkmcnt(0)
-\tv_mov_b32_e32 v5, s3
-\tv_add_co_u32_e32 v4, vcc, s2, v10
-\tv_addc_co_u32_e32 v5, vcc, 0, v5, vcc
+    body = global_address(4) + """
 \tglobal_load_dword v20, v[4:5], off offset:3328 sc1
 \ts_mov_b32 s4, 0x40
 \ts_load_dword s12, s[2:3], s4 offset:0x0
@@ -609,13 +615,7 @@ def test_global_dwordx2_agent_forms_and_s_nor_b64(arch):
     out = np.zeros(4096, U32)
     out[:1024] = g.integers(0, 2**32, 1024, dtype=np.uint64).astype(U32)
     a, b = (int(x) for x in g.integers(0, 2**64, 2, dtype=np.uint64))
-    body = f"""
-\ts_load_dwordx2 s[2:3], s[0:1], 0x0
-\tv_lshlrev_b32_e32 v10, 3, v0
-\ts_waitcnt lgkmcnt(0)
-\tv_mov_b32_e32 v5, s3
-\tv_add_co_u32_e32 v4, vcc, s2, v10
-\tv_addc_co_u32_e32 v5, vcc, 0, v5, vcc
+    body = global_address(8) + f"""
 \tglobal_load_dwordx2 v[20:21], v[4:5], off sc1
 \tglobal_load_dwordx2 v[22:23], v[4:5], off offset:1024 sc1
 \ts_mov_b32 s6, {a & M32:#x}
