@@ -154,7 +154,7 @@ class DecodeContext:
         return data
 
     def _load_over_waves(self, batch, addresses, owners, size, who, through_l1):
-        bounds = np.searchsorted(owners, np.arange(len(batch.waves) + 1)).tolist()
+        bounds = _wave_bounds(owners, len(batch.waves))
         spans = [(v, slice(a, b)) for v, a, b in zip(batch.waves, bounds, bounds[1:]) if a < b]
         region = self.memory.region_at(int(addresses.min()))
         if region is None or int(addresses.max()) + size > region.end:  # several buffers: wave by wave
@@ -192,7 +192,7 @@ class DecodeContext:
             else:
                 inflight.issue_vm(w, ins)
             return
-        bounds = (np.searchsorted(owners, np.arange(len(w.waves) + 1)) * size).tolist()
+        bounds = _wave_bounds(owners, len(w.waves), size)
         for v, a, b in zip(w.waves, bounds, bounds[1:]):
             if a < b:
                 inflight.issue_store(v, ins, self.mem, flat[a:b], values[a:b])
@@ -740,6 +740,12 @@ def _gather_spans(scoreboard, batchable, classes) -> list:
     return [(row_spans((reads | writes) & rows), row_spans(writes & rows))
             if batch and cls in GATHERED_CLASSES else None
             for (reads, writes, _), batch, cls in zip(scoreboard.effects, batchable, classes)]
+
+
+def _wave_bounds(owners, waves: int, scale: int = 1) -> list[int]:
+    """Where each of a batch's `waves` begins in its active lanes (`owners`: each
+    lane's wave, ascending), times `scale` (bytes a lane), and the end."""
+    return (np.searchsorted(owners, np.arange(waves + 1)) * scale).tolist()
 
 
 def _note_load(mem, w, addresses, size: int, through_l1: bool) -> None:
