@@ -45,7 +45,7 @@ import itertools
 
 import numpy as np
 
-from .coherence import among, byte_addresses, store_phases
+from .coherence import ATOM, among, byte_addresses, store_phases
 from .errors import ScoreboardError, UnsupportedInstruction
 from .operands import parse
 
@@ -95,7 +95,7 @@ def issue_store(w, ins, mem, flat: np.ndarray, values: np.ndarray) -> None:
     op.flat, op.values = flat, values
     if mem.strict:
         op.span = int(flat.min()), int(flat.max())
-        if op.span[1] - op.span[0] >= 8 or op.span[0] >> 3 != op.span[1] >> 3:
+        if op.span[0] // ATOM != op.span[1] // ATOM:  # more than one single-copy atomic piece
             phases = store_phases(flat)
             if phases is not None:
                 first = phases == 0
@@ -187,13 +187,10 @@ def retire_vm(w, keep: int, mem, progress) -> bool:
             newer = [other for other in batch[i + 1:] if other.kind == STORE and other.done]
             woke = _perform(w, op, mem, newer)
             progress()
-            if not op.done:  # a torn store: its next phase on the wave's next turn if it woke one
+            while not op.done:  # a torn store: its next phase on the wave's next turn if it woke one
                 if woke:
                     return True
-                while not op.done:
-                    woke = _perform(w, op, mem, newer)
-                    if woke and not op.done:
-                        return True
+                woke = _perform(w, op, mem, newer)
             w.unperformed -= 1
             if woke and step + 1 < len(todo):
                 return True
