@@ -779,14 +779,15 @@ class StrictMemory(IdealMemory):
         the wave waited for before the poll's began is not polled: data read
         early stays as stale as the caches keep it."""
         self.unpoll(w)
-        loads = ([w.last_load] if w.last_load is not None else []) + w.bypass_loads
-        w.bypass_loads = []
+        loads, w.bypass_loads = w.bypass_loads, []
+        if w.last_load is not None and not any(load is w.last_load for load in loads):
+            loads.append(w.last_load)  # (an L1-bypassing last load is among them already)
         if not loads:
             return
         if len(loads) == 1:
             lines = sorted_lines(*loads[0])
         else:
-            lines = distinct(np.concatenate([lines_of(*load) for load in loads])).tolist()
+            lines = sorted(set().union(*(sorted_lines(*load) for load in loads)))
         for line in lines:
             self._make_coherent(line, w)
             self.polled.setdefault(line, set()).add(w)
