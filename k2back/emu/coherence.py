@@ -649,13 +649,17 @@ class StrictMemory(IdealMemory):
         l2 = cu.l2
         low, high = (int(flat.min()), int(flat.max())) if span is None else span
         first, last = low >> LINE_BITS, high >> LINE_BITS
-        polled = any(first <= line <= last for line in self.polled)  # a flag's few lines
+        polled = self.polled_between(first, last)
         if polled or l2.holders or self._read_by_others(l2, first, last, cu.l1):
             lines = distinct(flat >> LINE_BITS)
             self._save_lines(l2, lines, keep=cu.l1)
         l2.dirty.put(flat, values)
         cu.l1.copies.drop(flat)
         return polled and self._reach_pollers(lines)
+
+    def polled_between(self, first: int, last: int) -> bool:
+        """Whether a wave sleeps on a line from `first` to `last`."""
+        return any(first <= line <= last for line in self.polled)  # a flag's few lines
 
     def _read_by_others(self, l2, first: int, last: int, keep) -> bool:
         """Whether a CU cache of `l2` other than `keep` may hold some of lines

@@ -45,11 +45,12 @@ import itertools
 
 import numpy as np
 
-from .coherence import ATOM, among, byte_addresses, store_phases
+from .coherence import ATOM, LINE_BITS, among, byte_addresses, store_phases
 from .errors import ScoreboardError, UnsupportedInstruction
 from .operands import parse
 
 LOAD, STORE, WRITEBACK, LDS_STORE = range(4)
+TORN = object()  # Op.parts of a store of several pieces until it performs (_phases)
 SGPR_BIT = 512  # scoreboard bits: unified VGPR/AGPR rows 0.., then SGPRs
 
 
@@ -57,8 +58,9 @@ class Op:
     """One outstanding memory instruction: the registers its return writes (`dst`,
     a bit mask) and, until it is performed (`done`), what it still has to do: a
     store's bytes (`flat` addresses, `values`; `span`: the lowest and highest
-    address; `parts`: of a store wider than its atomic pieces, the (flat, values)
-    of each phase still to perform, coherence.tear_phases), an LDS store's (write,
+    address; `parts`: of a store wider than its atomic pieces, TORN until it
+    performs, then the (flat, values) of each phase still to perform, coherence.
+    store_phases, or None when it performs whole, _phases), an LDS store's (write,
     args) or a write-back's scope (True: agent or system) in `perform`."""
 
     __slots__ = ("done", "dst", "flat", "ins", "kind", "parts", "perform", "span", "values")
@@ -90,16 +92,14 @@ def issue_vm(w, ins, dst: int = 0) -> None:
 def issue_store(w, ins, mem, flat: np.ndarray, values: np.ndarray) -> None:
     """A store (`flat`, `values`: its bytes, every lane's): covering more than one
     single-copy atomic piece, its phases perform one by one (coherence.store_phases),
-    a sleeper woken by one sees it before the next."""
+    a sleeper woken by one sees it before the next (_phases: computed when it
+    performs, and only if a wave sleeps on its lines)."""
     op = Op(ins, STORE, done=not mem.strict)
     op.flat, op.values = flat, values
     if mem.strict:
         op.span = int(flat.min()), int(flat.max())
         if op.span[0] // ATOM != op.span[1] // ATOM:  # more than one single-copy atomic piece
-            phases = store_phases(flat)
-            if phases is not None:
-                first = phases == 0
-                op.parts = [(flat[first], values[first]), (flat[~first], values[~first])]
+            op.parts = TORN  # its phases, when it performs (_perform)
         w.unperformed += 1
     else:
         mem.store(w.group.cu, flat, values)
@@ -205,6 +205,8 @@ def _perform(w, op, mem, newer) -> bool:
         op.done = True
         mem.writeback(w.group.cu, op.perform)
         return False
+    if op.parts is TORN:
+        op.parts = _phases(op, mem)
     if op.parts:
         flat, values = op.parts.pop(0)
         op.done = not op.parts
@@ -218,6 +220,22 @@ def _perform(w, op, mem, newer) -> bool:
         keep = ~among(flat, np.concatenate(newer))
         flat, values, span = flat[keep], values[keep], None
     return bool(flat.size) and mem.store(w.group.cu, flat, values, span)
+
+
+def _phases(op, mem) -> list | None:
+    """The (flat, values) of each phase of a store of several single-copy atomic
+    pieces (coherence.store_phases), or None to perform it whole: when no wave
+    sleeps on a line it writes, its phases perform back to back (one _perform
+    call after another, as retire_vm and perform_own_stores do when the first
+    woke nobody), and nothing runs between them that could tell them apart."""
+    low, high = op.span
+    if not mem.polled_between(low >> LINE_BITS, high >> LINE_BITS):
+        return None
+    phases = store_phases(op.flat)
+    if phases is None:
+        return None
+    first = phases == 0
+    return [(op.flat[first], op.values[first]), (op.flat[~first], op.values[~first])]
 
 
 def retire_lgkm(w, keep: int, progress) -> None:
