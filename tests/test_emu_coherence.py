@@ -318,6 +318,7 @@ def test_an_overlay_holds_what_a_byte_map_would():
                 if action.endswith("_line"):
                     line = int(flat[0]) >> LINE_BITS
                     gone = [a for a in held if a >> LINE_BITS == line]
+                    assert overlay.may_hold_line(line) or not gone, where
                     result = getattr(overlay, action)(line)
                 else:
                     gone = list(held) if action == "take_all" else sorted(set(flat.tolist()) & held.keys())

@@ -204,7 +204,7 @@ class Overlay:
     def __init__(self):
         self.pages = {}  # page number -> (data uint8 [PAGE], present bool [PAGE])
         self.later = {}  # page number -> [lines they fill (bits), [(offsets, values)]]: missing-only puts
-        self.queued = []  # [(flat, values)]: plain puts, oldest first, not in pages yet
+        self.queued = []  # [(flat, values, first line, last line)]: plain puts, oldest first, not in pages yet
 
     def __bool__(self) -> bool:
         return bool(self.pages or self.later or self.queued)
@@ -212,7 +212,7 @@ class Overlay:
     def _place(self) -> None:
         """The queued puts into pages, oldest first."""
         queued, self.queued = self.queued, []
-        for flat, values in queued:
+        for flat, values, _, _ in queued:
             for page, where, offsets in self._by_page(flat):
                 self._put_page(page, offsets, values if where is None else values[where], False)
 
@@ -286,6 +286,12 @@ class Overlay:
             del self.pages[line >> (PAGE_BITS - LINE_BITS)]
         return taken
 
+    def may_hold_line(self, line: int) -> bool:
+        """False when it holds no byte of `line` (a quick test that changes nothing)."""
+        page = line >> (PAGE_BITS - LINE_BITS)
+        return (page in self.pages or page in self.later
+                or any(first <= line <= last for _, _, first, last in self.queued))
+
     def has_page(self, line: int) -> bool:
         """Whether it holds anything in the page of `line` (a quick test)."""
         if self.queued:
@@ -314,10 +320,13 @@ class Overlay:
                 count += positions.size
         return count
 
-    def put(self, flat: np.ndarray, values: np.ndarray, missing_only: bool = False) -> None:
-        """Hold `values` at `flat` (with missing_only: only where nothing is held yet)."""
+    def put(self, flat: np.ndarray, values: np.ndarray, missing_only: bool = False, span=None) -> None:
+        """Hold `values` at `flat` (with missing_only: only where nothing is held yet;
+        `span`: (flat.min(), flat.max()) when the caller knows them)."""
         if not missing_only:
-            self.queued.append((flat, values))  # `flat` and `values` are never written to
+            low, high = (int(flat.min()), int(flat.max())) if span is None else span
+            # `flat` and `values` are never written to
+            self.queued.append((flat, values, low >> LINE_BITS, high >> LINE_BITS))
             return
         if self.queued:
             self._place()
@@ -407,13 +416,13 @@ class Overlay:
         """take() of an overlay whose bytes are all queued: the newest put of each
         address, in address order."""
         queued, self.queued = self.queued, []
-        if all(flat.size < 2 or (flat[1:] > flat[:-1]).all() for flat, _ in queued):
+        if all(put[0].size < 2 or (put[0][1:] > put[0][:-1]).all() for put in queued):
             queued.sort(key=lambda put: int(put[0][0]))
             if all(int(a[0][-1]) < int(b[0][0]) for a, b in itertools.pairwise(queued)):  # apart, ascending
                 if len(queued) == 1:
-                    return queued[0]
-                return np.concatenate([f for f, _ in queued]), np.concatenate([v for _, v in queued])
-        flat, values = np.concatenate([f for f, _ in queued]), np.concatenate([v for _, v in queued])
+                    return queued[0][:2]
+                return np.concatenate([put[0] for put in queued]), np.concatenate([put[1] for put in queued])
+        flat, values = np.concatenate([put[0] for put in queued]), np.concatenate([put[1] for put in queued])
         addresses, newest = np.unique(flat[::-1], return_index=True)  # first from the end: the newest
         return addresses, values[::-1][newest]
 
@@ -653,7 +662,7 @@ class StrictMemory(IdealMemory):
         if polled or l2.holders or self._read_by_others(l2, first, last, cu.l1):
             lines = distinct(flat >> LINE_BITS)
             self._save_lines(l2, lines, keep=cu.l1)
-        l2.dirty.put(flat, values)
+        l2.dirty.put(flat, values, span=(low, high))
         cu.l1.copies.drop(flat)
         return polled and self._reach_pollers(lines)
 
@@ -831,11 +840,9 @@ class StrictMemory(IdealMemory):
 
     def _write_back_line(self, line: int) -> None:
         """Every L2's dirty bytes of `line` to memory."""
-        page = line >> (PAGE_BITS - LINE_BITS)
         for l2 in self.l2s:
-            dirty = l2.dirty
-            if dirty.queued or dirty.later or page in dirty.pages:  # else it holds nothing there
-                self._write_back(l2, dirty.take_line(line))
+            if l2.dirty.may_hold_line(line):
+                self._write_back(l2, l2.dirty.take_line(line))
 
     def _refresh(self, line: int, cu, drop: bool = True) -> None:
         """The caches of a wave's CU drop their copies of `line`: its next read sees
