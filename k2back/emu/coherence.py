@@ -801,8 +801,10 @@ class StrictMemory(IdealMemory):
             lines = sorted_lines(*loads[0])
         else:
             lines = sorted(set().union(*(sorted_lines(*load) for load in loads)))
+        self._write_back_lines(lines)  # (each line's bytes its own: the order of lines is immaterial)
+        cu = w.group.cu
         for line in lines:
-            self._make_coherent(line, w)
+            self._refresh(line, cu)
             self.polled.setdefault(line, set()).add(w)
         w.polled_lines = lines
 
@@ -820,7 +822,7 @@ class StrictMemory(IdealMemory):
         for line in lines.tolist():
             waves = self.polled.get(line)
             if waves:
-                self._write_back_line(line)
+                self._write_back_lines((line,))
                 # a CU's caches drop the line once, an L2 its stale copy once: again
                 # would change nothing
                 refreshed, dropped = set(), set()
@@ -834,15 +836,14 @@ class StrictMemory(IdealMemory):
                 woke = True
         return woke
 
-    def _make_coherent(self, line: int, w) -> None:
-        self._write_back_line(line)
-        self._refresh(line, w.group.cu)
-
-    def _write_back_line(self, line: int) -> None:
-        """Every L2's dirty bytes of `line` to memory."""
+    def _write_back_lines(self, lines) -> None:
+        """Every L2's dirty bytes of `lines` to memory."""
         for l2 in self.l2s:
-            if l2.dirty.may_hold_line(line):
-                self._write_back(l2, l2.dirty.take_line(line))
+            dirty = l2.dirty
+            if dirty:
+                for line in lines:
+                    if dirty.may_hold_line(line):
+                        self._write_back(l2, dirty.take_line(line))
 
     def _refresh(self, line: int, cu, drop: bool = True) -> None:
         """The caches of a wave's CU drop their copies of `line`: its next read sees
