@@ -244,8 +244,16 @@ class Overlay:
         waiting = self.later.pop(page, None) if self.later else None
         if waiting is not None:
             for offsets, values in waiting[1]:
-                self._put_page(page, offsets, values, missing_only=True)
+                if values is not None:
+                    self._put_page(page, offsets, values, missing_only=True)
+                elif page in self.pages:  # a waiting drop
+                    self.pages[page][1][offsets] = False
         return self.pages.get(page)
+
+    def _settle_drops(self) -> None:
+        """The pages with a waiting drop done."""
+        for page in [page for page, waiting in self.later.items() if waiting[0] is None]:
+            self._page(page)
 
     def _settle(self) -> None:
         """Every queued and waiting put done."""
@@ -264,6 +272,11 @@ class Overlay:
 
     def drop_line(self, line: int) -> None:
         """drop(line_bytes(line))."""
+        waiting = self.later.get(line >> (PAGE_BITS - LINE_BITS)) if self.later and not self.queued else None
+        if waiting is not None:
+            start = (line << LINE_BITS) & (PAGE - 1)
+            self._drop_later(waiting, slice(start, start + LINE))
+            return
         held = self._line(line)
         if held is not None:
             held[1][held[2]] = False
@@ -324,6 +337,8 @@ class Overlay:
         """Hold `values` at `flat` (with missing_only: only where nothing is held yet;
         `span`: (flat.min(), flat.max()) when the caller knows them)."""
         if not missing_only:
+            if self.later:  # queued puts are placed before waiting ones: not before a waiting drop
+                self._settle_drops()
             low, high = (int(flat.min()), int(flat.max())) if span is None else span
             # `flat` and `values` are never written to
             self.queued.append((flat, values, low >> LINE_BITS, high >> LINE_BITS))
@@ -356,8 +371,16 @@ class Overlay:
             if waiting is None:
                 self.later[page] = [lines, [(offsets, values)]]
             else:
-                waiting[0] |= lines
+                if waiting[0] is not None:
+                    waiting[0] |= lines
                 waiting[1].append((offsets, values))
+
+    @staticmethod
+    def _drop_later(waiting, offsets) -> None:
+        """A drop of a page with waiting puts waits after them (values None); the
+        page's line bits no longer tell which lines will be held (None)."""
+        waiting[0] = None
+        waiting[1].append((offsets, None))
 
     def _put_page(self, page: int, offsets: np.ndarray, values: np.ndarray, missing_only: bool) -> None:
         entry = self.pages.get(page)
@@ -380,8 +403,13 @@ class Overlay:
         """Hold nothing at `flat` (`by_page`: Overlay.by_page of it, when at hand)."""
         if not self:
             return
+        later = self.later if not self.queued else None
         for page, offsets in ([(page, offsets) for page, offsets, _, _ in by_page] if by_page is not None
                               else [(page, offsets) for page, _, offsets in self._by_page(flat)]):
+            waiting = later.get(page) if later else None
+            if waiting is not None:  # done when the page is next looked at, if ever
+                self._drop_later(waiting, offsets)
+                continue
             entry = self._page(page)
             if entry is not None:
                 entry[1][offsets] = False
@@ -430,6 +458,7 @@ class Overlay:
         """Line numbers in which this overlay holds a byte."""
         if self.queued:
             self._place()
+        self._settle_drops()
         found = [(page << (PAGE_BITS - LINE_BITS)) + np.flatnonzero(present.reshape(-1, LINE).any(1))
                  for page, (_, present) in self.pages.items()]
         if self.later:  # each byte of a waiting put will be held
