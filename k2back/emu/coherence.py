@@ -302,8 +302,13 @@ class Overlay:
     def may_hold_line(self, line: int) -> bool:
         """False when it holds no byte of `line` (a quick test that changes nothing)."""
         page = line >> (PAGE_BITS - LINE_BITS)
-        return (page in self.pages or page in self.later
-                or any(first <= line <= last for _, _, first, last in self.queued))
+        if page in self.later or any(first <= line <= last for _, _, first, last in self.queued):
+            return True
+        entry = self.pages.get(page)
+        if entry is None:
+            return False
+        start = (line << LINE_BITS) & (PAGE - 1)
+        return bool(entry[1][start:start + LINE].any())
 
     def has_page(self, line: int) -> bool:
         """Whether it holds anything in the page of `line` (a quick test)."""
