@@ -250,6 +250,14 @@ class Overlay:
                     self.pages[page][1][offsets] = False
         return self.pages.get(page)
 
+    def _presence(self, page: int, waiting) -> np.ndarray:
+        """present of `page` once its `waiting` puts and drops are done."""
+        entry = self.pages.get(page)
+        present = entry[1].copy() if entry is not None else np.zeros(PAGE, bool)
+        for offsets, values in waiting:
+            present[offsets] = values is not None
+        return present
+
     def _settle_drops(self) -> None:
         """The pages with a waiting drop done."""
         for page in [page for page, waiting in self.later.items() if waiting[0] is None]:
@@ -463,12 +471,16 @@ class Overlay:
         """Line numbers in which this overlay holds a byte."""
         if self.queued:
             self._place()
-        self._settle_drops()
+        # a page with a waiting drop: which bytes it will hold, without their values
+        dropping = {page: self._presence(page, waiting[1]) for page, waiting in self.later.items()
+                    if waiting[0] is None}
         found = [(page << (PAGE_BITS - LINE_BITS)) + np.flatnonzero(present.reshape(-1, LINE).any(1))
-                 for page, (_, present) in self.pages.items()]
-        if self.later:  # each byte of a waiting put will be held
-            pages = np.array(list(self.later), np.int64)
-            bits = np.array([lines for lines, _ in self.later.values()], "<u4").view(np.uint8)
+                 for page, present in [*((page, entry[1]) for page, entry in self.pages.items()
+                                         if page not in dropping), *dropping.items()]]
+        later = [(page, waiting[0]) for page, waiting in self.later.items() if waiting[0] is not None]
+        if later:  # each byte of a waiting put will be held
+            pages = np.array([page for page, _ in later], np.int64)
+            bits = np.array([lines for _, lines in later], "<u4").view(np.uint8)
             held = np.unpackbits(bits.reshape(-1, 4), axis=1, bitorder="little").view(bool)
             rows, columns = np.nonzero(held)
             found.append((pages[rows] << (PAGE_BITS - LINE_BITS)) + columns)
