@@ -894,10 +894,12 @@ class StrictMemory(IdealMemory):
     def _refresh(self, line: int, cu, drop: bool = True) -> None:
         """The caches of a wave's CU drop their copies of `line`: its next read sees
         memory (`drop` False: its L2 dropped its stale copy already)."""
-        if cu.l2.stale.has_page(line):
-            self._save_lines(cu.l2, [line], keep=cu.l1)
+        l2 = cu.l2
+        if l2.stale.has_page(line):
+            if l2.holders.get(line) or l2.region_readers:  # else no cache to save the line in
+                self._save_lines(l2, [line], keep=cu.l1)
             if drop:
-                cu.l2.stale.drop_line(line)
+                l2.stale.drop_line(line)
         cu.l1.drop(line)
 
     def end(self) -> None:
