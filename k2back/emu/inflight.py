@@ -70,6 +70,18 @@ class Op:
         self.flat = self.values = self.perform = self.span = self.parts = None
 
 
+class Load:
+    """An Op of kind LOAD (done when issued), the most frequent: only its
+    instruction and the registers it returns to are its own."""
+
+    __slots__ = ("dst", "ins")
+    kind, done = LOAD, True
+    flat = values = perform = span = parts = None
+
+    def __init__(self, ins, dst: int):
+        self.ins, self.dst = ins, dst
+
+
 # ------------------------------------------------------------------ issue
 
 
@@ -86,7 +98,7 @@ def _expect(w, queue, op) -> None:
 
 def issue_vm(w, ins, dst: int = 0) -> None:
     """A vector memory load or atomic (performed when issued), or one with exec 0."""
-    _expect(w, w.vm, Op(ins, LOAD, dst))
+    _expect(w, w.vm, Load(ins, dst))
 
 
 def issue_store(w, ins, mem, flat: np.ndarray, values: np.ndarray) -> None:
@@ -115,7 +127,7 @@ def issue_writeback(w, ins, mem, agent: bool) -> None:
 
 
 def issue_lds(w, ins, dst: int = 0) -> None:
-    _expect(w, w.lds, Op(ins, LOAD, dst))
+    _expect(w, w.lds, Load(ins, dst))
 
 
 def issue_lds_store(w, ins, mem, write, args) -> None:
@@ -129,7 +141,7 @@ def issue_lds_store(w, ins, mem, write, args) -> None:
 
 
 def issue_smem(w, ins, dst: int) -> None:
-    _expect(w, w.smem, Op(ins, LOAD, dst))
+    _expect(w, w.smem, Load(ins, dst))
 
 
 # ------------------------------------------------------------------ what a wave sees of its own stores
