@@ -869,15 +869,14 @@ class StrictMemory(IdealMemory):
             waves = self.polled.get(line)
             if waves:
                 self._write_back_lines((line,))
+                waves = list(waves)
                 # a CU's caches drop the line once, an L2 its stale copy once: again
-                # would change nothing
-                refreshed, dropped = set(), set()
-                for w in list(waves):
-                    cu = w.group.cu
-                    if cu not in refreshed:
-                        refreshed.add(cu)
-                        self._refresh(line, cu, cu.l2 not in dropped)
-                        dropped.add(cu.l2)
+                # would change nothing (the CUs in the order of their first wave)
+                dropped = set()
+                for cu in dict.fromkeys([w.group.cu for w in waves]):
+                    self._refresh(line, cu, cu.l2 not in dropped)
+                    dropped.add(cu.l2)
+                for w in waves:  # (waking changes no cache)
                     self.wake(w)
                 woke = True
         return woke
