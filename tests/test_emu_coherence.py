@@ -279,6 +279,25 @@ def test_among_is_isin():
             np.testing.assert_array_equal(among(values, others), np.isin(values, others))
 
 
+def test_a_take_of_queued_puts_returns_the_newest_bytes():
+    """Overlay.take of plain puts still queued: where two overlap, the newer put's
+    bytes, whichever starts lower; apart and ascending, their bytes in address order."""
+    from k2back.emu.coherence import Overlay
+
+    older, newer = np.arange(100, 140), np.arange(90, 120)
+    overlay = Overlay()
+    overlay.put(older, np.full(older.size, 1, np.uint8))
+    overlay.put(newer, np.full(newer.size, 2, np.uint8))
+    flat, values = overlay.take()
+    np.testing.assert_array_equal(flat, np.arange(90, 140))
+    np.testing.assert_array_equal(values, np.where(np.arange(90, 140) < 120, 2, 1))
+    overlay.put(np.arange(300, 310), np.full(10, 3, np.uint8))
+    overlay.put(np.arange(200, 210), np.full(10, 4, np.uint8))
+    flat, values = overlay.take()
+    np.testing.assert_array_equal(flat, np.r_[200:210, 300:310])
+    np.testing.assert_array_equal(values, np.r_[[4] * 10, [3] * 10])
+
+
 def test_an_overlay_holds_what_a_byte_map_would():
     """Overlay (pages, waiting missing-only puts, queued plain puts) against a dict of
     address -> byte: after any mix of puts, reads, drops and takes it holds the same

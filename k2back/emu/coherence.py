@@ -457,13 +457,15 @@ class Overlay:
         """take() of an overlay whose bytes are all queued: the newest put of each
         address, in address order."""
         queued, self.queued = self.queued, []
-        if all(put[0].size < 2 or (put[0][1:] > put[0][:-1]).all() for put in queued):
-            queued.sort(key=lambda put: int(put[0][0]))
-            if all(int(a[0][-1]) < int(b[0][0]) for a, b in itertools.pairwise(queued)):  # apart, ascending
-                if len(queued) == 1:
-                    return queued[0][:2]
-                return np.concatenate([put[0] for put in queued]), np.concatenate([put[1] for put in queued])
-        flat, values = np.concatenate([put[0] for put in queued]), np.concatenate([put[1] for put in queued])
+        if len(queued) == 1:
+            flat, values = queued[0][:2]
+        else:  # by first address: strictly ascending when each put is and they lie apart
+            ordered = sorted(queued, key=lambda put: int(put[0][0]))
+            flat, values = np.concatenate([put[0] for put in ordered]), np.concatenate([put[1] for put in ordered])
+        if flat.size < 2 or (flat[1:] > flat[:-1]).all():  # each address once, ascending
+            return flat, values
+        if len(queued) > 1:  # in put order, oldest first
+            flat, values = np.concatenate([put[0] for put in queued]), np.concatenate([put[1] for put in queued])
         addresses, newest = np.unique(flat[::-1], return_index=True)  # first from the end: the newest
         return addresses, values[::-1][newest]
 
