@@ -279,6 +279,27 @@ def test_among_is_isin():
             np.testing.assert_array_equal(among(values, others), np.isin(values, others))
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_newer_store_overlapping_an_older_one_wins_at_the_write_back(arch):
+    """Each lane stores a dword at 8 i + 4, then (after the first performed) a dwordx2
+    at 8 i with other words: the kernel-end write-back of the L2 must leave the newer
+    bytes, though the newer store starts lower (3cc5b33 left the older ones)."""
+    body = """\ts_load_dwordx2 s[2:3], s[0:1], 0x0
+\ts_waitcnt lgkmcnt(0)
+\tv_lshlrev_b32_e32 v1, 3, v0
+\tv_mov_b32_e32 v2, 1
+\tglobal_store_dword v1, v2, s[2:3] offset:4
+\ts_waitcnt vmcnt(0)
+\tv_mov_b32_e32 v2, 2
+\tv_mov_b32_e32 v3, 3
+\tglobal_store_dwordx2 v1, v[2:3], s[2:3]
+\ts_waitcnt vmcnt(0)"""
+    for memory in ("strict", "ideal"):
+        out = np.zeros(128, np.uint32)
+        run_handwritten(arch, body, out, memory=memory)
+        np.testing.assert_array_equal(out, np.tile([2, 3], 64), err_msg=memory)
+
+
 def test_a_take_of_queued_puts_returns_the_newest_bytes():
     """Overlay.take of plain puts still queued: where two overlap, the newer put's
     bytes, whichever starts lower; apart and ascending, their bytes in address order."""
