@@ -897,7 +897,8 @@ class StrictMemory(IdealMemory):
         memory (`drop` False: its L2 dropped its stale copy already)."""
         l2 = cu.l2
         if l2.stale.has_page(line):
-            if l2.holders.get(line) or l2.region_readers:  # else no cache to save the line in
+            # (else no cache to save the line in: _save_lines's own test, for one line)
+            if l2.holders.get(line) or self._read_by_others(l2, line, line, cu.l1):
                 self._save_lines(l2, [line], keep=cu.l1)
             if drop:
                 l2.stale.drop_line(line)
