@@ -310,7 +310,7 @@ class Overlay:
     def may_hold_line(self, line: int) -> bool:
         """False when it holds no byte of `line` (a quick test that changes nothing)."""
         page = line >> (PAGE_BITS - LINE_BITS)
-        if page in self.later or any(first <= line <= last for _, _, first, last in self.queued):
+        if page in self.later or self.queued and any(first <= line <= last for _, _, first, last in self.queued):
             return True
         entry = self.pages.get(page)
         if entry is None:
