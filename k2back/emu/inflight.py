@@ -191,9 +191,9 @@ def retire_vm(w, keep: int, mem, progress) -> bool:
         return False
     if w.unperformed:
         batch = list(itertools.islice(queue, count))
-        todo = [i for i, op in enumerate(batch) if not op.done]
         # newest store first, write-backs last (after their wave's older stores)
-        todo.sort(key=lambda i: (batch[i].kind == WRITEBACK, -i if batch[i].kind == STORE else i))
+        todo = [i for i in range(count - 1, -1, -1) if not batch[i].done and batch[i].kind == STORE]
+        todo += [i for i, op in enumerate(batch) if not op.done and op.kind != STORE]
         for step, i in enumerate(todo):
             op = batch[i]
             newer = [other for other in batch[i + 1:] if other.kind == STORE and other.done]
@@ -206,8 +206,10 @@ def retire_vm(w, keep: int, mem, progress) -> bool:
             w.unperformed -= 1
             if woke and step + 1 < len(todo):
                 return True
+    pending, take = w.pending, queue.popleft
     for _ in range(count):
-        w.pending &= ~queue.popleft().dst
+        pending &= ~take().dst
+    w.pending = pending
     return False
 
 
