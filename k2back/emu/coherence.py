@@ -379,14 +379,22 @@ class Overlay:
     def put_later(self, by_page) -> None:
         """put(..., missing_only=True) of `by_page` (Overlay.by_page: several overlays
         may share it, it is never written to), done when something next looks at the page."""
+        self.put_later_into([self], by_page)
+
+    @staticmethod
+    def put_later_into(overlays, by_page) -> None:
+        """put_later(by_page) of each of `overlays`."""
+        lasts = [overlay.later for overlay in overlays]
         for page, offsets, values, lines in by_page:
-            waiting = self.later.get(page)
-            if waiting is None:
-                self.later[page] = [lines, [(offsets, values)]]
-            else:
-                if waiting[0] is not None:
-                    waiting[0] |= lines
-                waiting[1].append((offsets, values))
+            put = (offsets, values)
+            for later in lasts:
+                waiting = later.get(page)
+                if waiting is None:
+                    later[page] = [lines, [put]]
+                else:
+                    if waiting[0] is not None:
+                        waiting[0] |= lines
+                    waiting[1].append(put)
 
     @staticmethod
     def _drop_later(waiting, offsets) -> None:
@@ -767,9 +775,7 @@ class StrictMemory(IdealMemory):
         it saw them (its view does not move until it is invalidated). Returns them
         by page (Overlay.by_page)."""
         waiting = Overlay.by_page(flat, self.memory.peek(flat))
-        for l2 in self.l2s:
-            if l2 is not source:
-                l2.stale.put_later(waiting)
+        Overlay.put_later_into([l2.stale for l2 in self.l2s if l2 is not source], waiting)
         return waiting
 
     def _save_lines(self, l2: L2, lines, keep) -> None:
