@@ -1,6 +1,10 @@
 """Suite-wide settings: one torch thread per test process (pytest-xdist runs a
 process per core; extra intra-op threads only fight the other workers), and a
-private code-object cache so tests never write into the user's cache."""
+private code-object cache so tests never write into the user's cache: one for
+the whole run, shared by the xdist workers (a kernel both workers launch is
+built once; the cache's per-key lock makes the second worker wait and load it,
+the real code object with its manifest checked). Tests about building itself
+take a cache of their own (`private_cache`)."""
 
 import os
 
@@ -15,10 +19,16 @@ def one_torch_thread():
         yield
 
 
+def run_directory(tmp_path_factory):
+    """This run's temp directory: under xdist the parent of every worker's own."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(autouse=True, scope="session")
 def private_cache_dir(tmp_path_factory):
     old = os.environ.get("K2BACK_CACHE_DIR")
-    os.environ["K2BACK_CACHE_DIR"] = str(tmp_path_factory.mktemp("k2back-cache"))
+    os.environ["K2BACK_CACHE_DIR"] = str(run_directory(tmp_path_factory) / "k2back-cache")
     yield
     if old is None:
         os.environ.pop("K2BACK_CACHE_DIR", None)
