@@ -31,18 +31,23 @@ def test_token_lists(text, values):
     assert int_list(text) == values
 
 
+# argument errors: main() in this process (run_cli); the subprocess tests below run
+# the same main() as `python -m k2back`
+
 @pytest.mark.parametrize("text", ["", "a", "3-1", "1-"])
-def test_bad_token_lists_are_rejected(text, tmp_path):
-    done = k2back("plan", "--arch", "gfx942", "--tp", "4", "--ratio", "2", "--tokens", text,
-                  cache_dir=tmp_path)
-    assert done.returncode == 2 and "--tokens" in done.stderr
+def test_bad_token_lists_are_rejected(text, capsys):
+    status, err = run_cli(capsys, "plan", "--arch", "gfx942", "--tp", "4", "--ratio", "2",
+                          "--tokens", text)
+    assert status == 2 and "--tokens" in err
 
 
-def test_one_configuration_commands_refuse_lists(tmp_path):
-    done = k2back("dump", "--arch", "gfx942,gfx950", "--tp", "4", "--ratio", "2", "--tokens", "1",
-                  cache_dir=tmp_path)
-    assert done.returncode == 2
-    assert "--arch" in done.stderr and "one configuration" in done.stderr
+def test_one_configuration_commands_refuse_lists(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("K2BACK_CACHE_DIR", str(tmp_path))
+    status, err = run_cli(capsys, "dump", "--arch", "gfx942,gfx950", "--tp", "4", "--ratio", "2",
+                          "--tokens", "1")
+    assert status == 2
+    assert "--arch" in err and "one configuration" in err
+    assert not any(tmp_path.iterdir())  # nothing built
 
 
 def test_cache_ls_size_clear(tmp_path, monkeypatch):
@@ -99,10 +104,10 @@ def test_warmup_key_format_lists(tmp_path):
     assert "swa_fp8=auto comp_fp8=e4m3fnuz" in done.stdout
 
 
-def test_bad_key_format_is_rejected(tmp_path):
-    done = k2back("plan", *TINY, "--arch", "gfx942", "--tokens", "1", "--swa-fp8", "fnuz",
-                  cache_dir=tmp_path)
-    assert done.returncode == 2 and "--swa-fp8" in done.stderr and "e4m3fnuz" in done.stderr
+def test_bad_key_format_is_rejected(capsys):
+    status, err = run_cli(capsys, "plan", *TINY, "--arch", "gfx942", "--tokens", "1",
+                          "--swa-fp8", "fnuz")
+    assert status == 2 and "--swa-fp8" in err and "e4m3fnuz" in err
 
 
 @pytest.mark.kernel
