@@ -36,6 +36,12 @@ def private_cache_dir(tmp_path_factory):
         os.environ["K2BACK_CACHE_DIR"] = old
 
 
+# the run's code-object cache, for a subprocess that builds kernels other tests build too
+@pytest.fixture
+def run_cache():
+    return os.environ["K2BACK_CACHE_DIR"]
+
+
 # a test's own code-object cache and no K2BACK_* build switches (codegen tests)
 @pytest.fixture
 def private_cache(tmp_path, monkeypatch):
@@ -54,6 +60,7 @@ def private_cache(tmp_path, monkeypatch):
 # those launches are what the unit tests cover, so the whole test is left out.
 
 K2_KERNEL_PREFIX = "k2_"
+
 
 def pytest_addoption(parser):
     parser.addoption("--record-forms", default=None,

@@ -1,5 +1,6 @@
 """The `k2back` command line, run as users run it: in subprocesses, with the
-cache in a temp dir; the commands that build the K2 kernel use the tiny geometry."""
+cache in a temp dir (the run's shared one where a command only uses what it
+builds: verify, dump); the commands that build the K2 kernel use the tiny geometry."""
 
 from __future__ import annotations
 
@@ -210,13 +211,13 @@ def test_concurrent_warmups_and_a_truncated_entry(tmp_path):
 
 
 @pytest.mark.kernel
-def test_dump_to_stdout_and_to_files(tmp_path):
+def test_dump_to_stdout_and_to_files(tmp_path, run_cache):
     config = (*TINY, "--arch", "gfx950", "--tokens", "3")
-    shown = k2back("dump", *config, cache_dir=tmp_path)
+    shown = k2back("dump", *config, cache_dir=run_cache)
     assert shown.returncode == 0, shown.stderr
     assert "v_mfma" in shown.stdout and ".amdhsa_kernel" in shown.stdout
     out = tmp_path / "dump"
-    written = k2back("dump", *config, "--out", str(out), cache_dir=tmp_path)
+    written = k2back("dump", *config, "--out", str(out), cache_dir=run_cache)
     assert written.returncode == 0, written.stderr
     name = "k2_back_tiny_tp4_s3_r2_gfx950_swaocp_compocp"
     for suffix in (".ll", ".opt.ll"):
@@ -232,10 +233,10 @@ def test_dump_to_stdout_and_to_files(tmp_path):
 
 
 @pytest.mark.kernel
-def test_dump_timeline_writes_the_stamped_build(tmp_path):
+def test_dump_timeline_writes_the_stamped_build(tmp_path, run_cache):
     config = (*TINY, "--arch", "gfx950", "--tokens", "3")
     out = tmp_path / "dump"
-    written = k2back("dump", *config, "--timeline", "--out", str(out), cache_dir=tmp_path)
+    written = k2back("dump", *config, "--timeline", "--out", str(out), cache_dir=run_cache)
     assert written.returncode == 0, written.stderr
     name = "k2_back_tiny_tp4_s3_r2_gfx950_swaocp_compocp_timeline"
     assert "s_memrealtime" in (out / f"{name}.s").read_text()
@@ -254,9 +255,9 @@ def test_plan_table(tmp_path):
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("perturb, code", [((), 0), (("--perturb",), 1)])
-def test_verify(tmp_path, perturb, code):
+def test_verify(run_cache, perturb, code):
     done = k2back("verify", *TINY, "--arch", "gfx942", "--tokens", "3", "--seed", "5", *perturb,
-                  cache_dir=tmp_path)
+                  cache_dir=run_cache)
     assert done.returncode == code, done.stdout + done.stderr
     for name in ("out", "xo", "x8b"):
         assert f"  {name}: " in done.stdout
