@@ -36,6 +36,16 @@ def private_cache_dir(tmp_path_factory):
         os.environ["K2BACK_CACHE_DIR"] = old
 
 
+def pytest_collection_modifyitems(items):
+    """The long tests first: `slow`, then `kernel`, then the units (a stable sort:
+    file order within each). Under xdist a long test started last leaves one
+    worker idle while it ends; started first, the short ones fill around it
+    (with `--dist worksteal`, as `make test` runs, an idle worker takes half of
+    the other's queue from its end: the short tests)."""
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None,
+                                 item.get_closest_marker("kernel") is None))
+
+
 # the run's code-object cache, for a subprocess that builds kernels other tests build too
 @pytest.fixture
 def run_cache():
