@@ -4,7 +4,12 @@ private code-object cache so tests never write into the user's cache: one for
 the whole run, shared by the xdist workers (a kernel both workers launch is
 built once; the cache's per-key lock makes the second worker wait and load it,
 the real code object with its manifest checked). Tests about building itself
-take a cache of their own (`private_cache`)."""
+take a cache of their own (`private_cache`).
+
+K2BACK_TEST_CACHE_DIR=<dir> keeps that cache across runs (a developer's
+reruns load the kernels they did not change; the key holds every input of a
+build, so an edit to the code generator misses and rebuilds). CI leaves it
+unset: every run builds every kernel it launches."""
 
 import os
 
@@ -28,7 +33,8 @@ def run_directory(tmp_path_factory):
 @pytest.fixture(autouse=True, scope="session")
 def private_cache_dir(tmp_path_factory):
     old = os.environ.get("K2BACK_CACHE_DIR")
-    os.environ["K2BACK_CACHE_DIR"] = str(run_directory(tmp_path_factory) / "k2back-cache")
+    os.environ["K2BACK_CACHE_DIR"] = (os.environ.get("K2BACK_TEST_CACHE_DIR")
+                                      or str(run_directory(tmp_path_factory) / "k2back-cache"))
     yield
     if old is None:
         os.environ.pop("K2BACK_CACHE_DIR", None)
