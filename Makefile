@@ -23,15 +23,15 @@ demo: install
 	$(VENV)/bin/k2back verify --geometry tiny --arch gfx942 --tp 4 --ratio 2 --tokens 3
 
 test: install
-	$(PY) -m pytest -n $(JOBS) --durations=15
+	$(PY) -m pytest -n $(JOBS) --dist worksteal --durations=15
 
 # Tiers (markers in pyproject.toml): units and the emulator's small unit kernels;
 # the K2 kernel's end-to-end runs short of the big geometries; `test` runs all (CI).
 test-fast: install
-	$(PY) -m pytest -n $(JOBS) -m "not slow and not kernel"
+	$(PY) -m pytest -n $(JOBS) --dist worksteal -m "not slow and not kernel"
 
 test-kernel: install
-	$(PY) -m pytest -n $(JOBS) -m "kernel and not slow"
+	$(PY) -m pytest -n $(JOBS) --dist worksteal -m "kernel and not slow"
 
 lint: install
 	$(VENV)/bin/ruff check k2back tests benchmarks

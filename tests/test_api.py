@@ -26,13 +26,6 @@ GEOMETRY, TP, TOKENS, RATIO, ARCH = "tiny", 4, 3, 2, "gfx942"
 SENTINEL = 7.0
 
 
-@pytest.fixture(autouse=True)
-def cache_dir(tmp_path_factory, monkeypatch):  # nothing built here lands in the user's cache
-    path = tmp_path_factory.getbasetemp() / "k2back-cache"
-    monkeypatch.setenv("K2BACK_CACHE_DIR", str(path))
-    return path
-
-
 @pytest.fixture(scope="module")
 def inputs():
     return make_inputs(GEOMETRY, TP, TOKENS, RATIO, seed=1, arch=ARCH)
@@ -260,7 +253,7 @@ if "hip" in PLACES:
 
 
 @pytest.mark.kernel
-def test_opcheck(cache_dir):
+def test_opcheck():
     inputs = make_inputs(GEOMETRY, TP, 1, RATIO, seed=6, arch=ARCH)
     spec, _ = ops.kernel_for(Config(GEOMETRY, TP, 1, RATIO, ARCH, inputs["swa_fp8"],
                                     inputs["comp_fp8"]))

@@ -1,5 +1,6 @@
 """The `k2back` command line, run as users run it: in subprocesses, with the
-cache in a temp dir; the commands that build the K2 kernel use the tiny geometry."""
+cache in a temp dir (the run's shared one where a command only uses what it
+builds: verify, dump); the commands that build the K2 kernel use the tiny geometry."""
 
 from __future__ import annotations
 
@@ -31,18 +32,23 @@ def test_token_lists(text, values):
     assert int_list(text) == values
 
 
+# argument errors: main() in this process (run_cli); the subprocess tests below run
+# the same main() as `python -m k2back`
+
 @pytest.mark.parametrize("text", ["", "a", "3-1", "1-"])
-def test_bad_token_lists_are_rejected(text, tmp_path):
-    done = k2back("plan", "--arch", "gfx942", "--tp", "4", "--ratio", "2", "--tokens", text,
-                  cache_dir=tmp_path)
-    assert done.returncode == 2 and "--tokens" in done.stderr
+def test_bad_token_lists_are_rejected(text, capsys):
+    status, err = run_cli(capsys, "plan", "--arch", "gfx942", "--tp", "4", "--ratio", "2",
+                          "--tokens", text)
+    assert status == 2 and "--tokens" in err
 
 
-def test_one_configuration_commands_refuse_lists(tmp_path):
-    done = k2back("dump", "--arch", "gfx942,gfx950", "--tp", "4", "--ratio", "2", "--tokens", "1",
-                  cache_dir=tmp_path)
-    assert done.returncode == 2
-    assert "--arch" in done.stderr and "one configuration" in done.stderr
+def test_one_configuration_commands_refuse_lists(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("K2BACK_CACHE_DIR", str(tmp_path))
+    status, err = run_cli(capsys, "dump", "--arch", "gfx942,gfx950", "--tp", "4", "--ratio", "2",
+                          "--tokens", "1")
+    assert status == 2
+    assert "--arch" in err and "one configuration" in err
+    assert not any(tmp_path.iterdir())  # nothing built
 
 
 def test_cache_ls_size_clear(tmp_path, monkeypatch):
@@ -99,10 +105,10 @@ def test_warmup_key_format_lists(tmp_path):
     assert "swa_fp8=auto comp_fp8=e4m3fnuz" in done.stdout
 
 
-def test_bad_key_format_is_rejected(tmp_path):
-    done = k2back("plan", *TINY, "--arch", "gfx942", "--tokens", "1", "--swa-fp8", "fnuz",
-                  cache_dir=tmp_path)
-    assert done.returncode == 2 and "--swa-fp8" in done.stderr and "e4m3fnuz" in done.stderr
+def test_bad_key_format_is_rejected(capsys):
+    status, err = run_cli(capsys, "plan", *TINY, "--arch", "gfx942", "--tokens", "1",
+                          "--swa-fp8", "fnuz")
+    assert status == 2 and "--swa-fp8" in err and "e4m3fnuz" in err
 
 
 @pytest.mark.kernel
@@ -205,13 +211,13 @@ def test_concurrent_warmups_and_a_truncated_entry(tmp_path):
 
 
 @pytest.mark.kernel
-def test_dump_to_stdout_and_to_files(tmp_path):
+def test_dump_to_stdout_and_to_files(tmp_path, run_cache):
     config = (*TINY, "--arch", "gfx950", "--tokens", "3")
-    shown = k2back("dump", *config, cache_dir=tmp_path)
+    shown = k2back("dump", *config, cache_dir=run_cache)
     assert shown.returncode == 0, shown.stderr
     assert "v_mfma" in shown.stdout and ".amdhsa_kernel" in shown.stdout
     out = tmp_path / "dump"
-    written = k2back("dump", *config, "--out", str(out), cache_dir=tmp_path)
+    written = k2back("dump", *config, "--out", str(out), cache_dir=run_cache)
     assert written.returncode == 0, written.stderr
     name = "k2_back_tiny_tp4_s3_r2_gfx950_swaocp_compocp"
     for suffix in (".ll", ".opt.ll"):
@@ -227,10 +233,10 @@ def test_dump_to_stdout_and_to_files(tmp_path):
 
 
 @pytest.mark.kernel
-def test_dump_timeline_writes_the_stamped_build(tmp_path):
+def test_dump_timeline_writes_the_stamped_build(tmp_path, run_cache):
     config = (*TINY, "--arch", "gfx950", "--tokens", "3")
     out = tmp_path / "dump"
-    written = k2back("dump", *config, "--timeline", "--out", str(out), cache_dir=tmp_path)
+    written = k2back("dump", *config, "--timeline", "--out", str(out), cache_dir=run_cache)
     assert written.returncode == 0, written.stderr
     name = "k2_back_tiny_tp4_s3_r2_gfx950_swaocp_compocp_timeline"
     assert "s_memrealtime" in (out / f"{name}.s").read_text()
@@ -249,9 +255,9 @@ def test_plan_table(tmp_path):
 
 @pytest.mark.kernel
 @pytest.mark.parametrize("perturb, code", [((), 0), (("--perturb",), 1)])
-def test_verify(tmp_path, perturb, code):
+def test_verify(run_cache, perturb, code):
     done = k2back("verify", *TINY, "--arch", "gfx942", "--tokens", "3", "--seed", "5", *perturb,
-                  cache_dir=tmp_path)
+                  cache_dir=run_cache)
     assert done.returncode == code, done.stdout + done.stderr
     for name in ("out", "xo", "x8b"):
         assert f"  {name}: " in done.stdout

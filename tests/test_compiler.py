@@ -25,7 +25,7 @@ def cache_contents(root) -> list[str]:
 
 
 @pytest.mark.parametrize("arch", llvm.ARCHS)
-def test_stages_in_worker_match_the_pipeline_in_process(arch):
+def test_stages_in_worker_match_the_pipeline_in_process(arch, private_cache):
     kernel = compile(IRSource(AXPY, "axpy", arch))
     opt_ir = llvm.optimize(AXPY, arch)
     assert kernel.ir == AXPY

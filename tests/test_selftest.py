@@ -24,11 +24,11 @@ from k2back.runtime import hip
 
 @pytest.mark.kernel
 @pytest.mark.slow
-def test_without_a_gpu_it_says_so_and_runs_the_emulator_half(tmp_path):
+def test_without_a_gpu_it_says_so_and_runs_the_emulator_half(run_cache):
     flags = [] if hip.runtime_status() is not None else ["--emulator-only"]  # a ROCm machine
     done = subprocess.run([sys.executable, "-m", "k2back", "selftest", *flags],
                           check=False, capture_output=True, text=True, timeout=1800,
-                          env={**os.environ, "K2BACK_CACHE_DIR": str(tmp_path)})
+                          env={**os.environ, "K2BACK_CACHE_DIR": run_cache})
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("k2back selftest: ") and "running the emulator half only" in lines[0]

@@ -265,12 +265,21 @@ def _queries(d: _Draw, tokens: int, heads: int, cos_sin_rows: torch.Tensor) -> t
     return rotate(q, cos_sin_rows[:, None, :]).to(torch.bfloat16)
 
 
-def _weight(d: _Draw, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _weight(d: _Draw, rows: int, cols: int, keep_rows: slice = slice(None),
+            keep_cols: slice = slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
     """A trained-looking projection (1/√fan-in, per-row gains, sparse outliers),
-    MXFP8 with 32×32 blocks."""
-    w = d.normal(rows, cols) / math.sqrt(cols) * torch.exp(0.3 * d.normal(rows, 1))
+    MXFP8 with 32×32 blocks: of the whole [rows, cols] weight (every draw made,
+    so each rank's shard is of one model), the part keep_rows × keep_cols (a
+    rank's shard, block-aligned: the MXFP8 rule is per 32×32 block, so the part
+    quantized alone is that part of the whole weight quantized)."""
+    normal = d.normal(rows, cols)
+    gain = torch.exp(0.3 * d.normal(rows, 1))
     outliers = d.ints(0, rows * cols, rows * cols // 1000)
-    w.view(-1)[outliers] *= 10.0
+    (r0, r1, _), (c0, c1, _) = keep_rows.indices(rows), keep_cols.indices(cols)
+    w = normal[r0:r1, c0:c1] / math.sqrt(cols) * gain[r0:r1]
+    r, c = outliers // cols, outliers % cols
+    inside = (r >= r0) & (r < r1) & (c >= c0) & (c < c1)
+    w[r[inside] - r0, c[inside] - c0] *= 10.0  # an index drawn twice: still ×10 once
     return F.mxfp8_quantize_weight(F.bf16_round(w))
 
 
@@ -321,18 +330,19 @@ def make_inputs(geometry_name, tp: int, tokens: int, ratio: int, seed: int, *, r
         d, g, ratio, positions, opts, cos_sin, {"swa": opts.swa_block, "comp": opts.comp_block},
         writers)
     sink = 3.0 + 2.0 * d.normal(g.heads)
-    wo_a, wo_a_scale = _weight(d, g.groups * g.o_rank, g.group_k)
-    wo_b, wo_b_scale = _weight(d, g.hidden, g.groups * g.o_rank)
-    full = {
-        "q": _queries(d, tokens, g.heads, cos_sin[positions]),
+    h, r, _ = _rank_slices(g.heads, g.groups * g.o_rank, tp, rank)
+    wo_a, wo_a_scale = _weight(d, g.groups * g.o_rank, g.group_k, keep_rows=r)
+    wo_b, wo_b_scale = _weight(d, g.hidden, g.groups * g.o_rank, keep_cols=r)
+    q = _queries(d, tokens, g.heads, cos_sin[positions])
+    inputs = {
+        "q": q[:, h].contiguous(),
         "key_table": table, "key_len": key_len, "positions": positions,
         "swa_cache": caches["swa"], "swa_block": opts.swa_block,
         "comp_cache": caches["comp"] if ratio else None, "comp_block": opts.comp_block,
-        "cos_sin": cos_sin, "sink": sink,
+        "cos_sin": cos_sin, "sink": sink[h].contiguous(),
         "wo_a": wo_a, "wo_a_scale": wo_a_scale, "wo_b": wo_b, "wo_b_scale": wo_b_scale,
         "qk_scale": g.qk_scale, "swa_fp8": swa_fp8, "comp_fp8": comp_fp8,
     }
-    inputs = rank_slice(full, tp, rank)
     for name, value in overrides.items():
         if name in OVERRIDABLE:
             inputs[name] = _override(inputs[name], value)
@@ -345,17 +355,23 @@ def _override(current, value):
     return torch.full_like(current, value)
 
 
+def _rank_slices(heads: int, o_rows: int, tp: int, rank: int) -> tuple[slice, slice, slice]:
+    """Rank `rank`'s heads, its rows of the o_rows (groups × o_rank) and their
+    32-row scale blocks."""
+    if not 0 <= rank < tp:
+        raise ValueError(f"rank: expected 0 <= rank < {tp}, got {rank}")
+    heads, rows = heads // tp, o_rows // tp
+    assert heads % HEADS_PER_GROUP == 0 and rows % MX_BLOCK == 0
+    r = slice(rank * rows, (rank + 1) * rows)
+    return (slice(rank * heads, (rank + 1) * heads), r,
+            slice(r.start // MX_BLOCK, r.stop // MX_BLOCK))
+
+
 def rank_slice(full: dict, tp: int, rank: int) -> dict:
     """Rank `rank`'s share of full-model inputs: its heads of q and sink, its
     groups' rows of wo_a and columns of wo_b (with their scale blocks); the
     rest is shared."""
-    heads = full["q"].shape[1] // tp
-    if not 0 <= rank < tp:
-        raise ValueError(f"rank: expected 0 <= rank < {tp}, got {rank}")
-    rows = full["wo_a"].shape[0] // tp  # this rank's o_rows: groups × o_rank
-    h, r = slice(rank * heads, (rank + 1) * heads), slice(rank * rows, (rank + 1) * rows)
-    rb = slice(r.start // MX_BLOCK, r.stop // MX_BLOCK)
-    assert heads % HEADS_PER_GROUP == 0 and rows % MX_BLOCK == 0
+    h, r, rb = _rank_slices(full["q"].shape[1], full["wo_a"].shape[0], tp, rank)
     return {
         **full,
         "q": full["q"][:, h].contiguous(), "sink": full["sink"][h].contiguous(),
