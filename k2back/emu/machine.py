@@ -303,10 +303,8 @@ class Machine:
                 if timer is not None:  # timing mode: waves one at a time, in modeled time order
                     timer.schedule(groups, checked, kernel, stats, scoreboard)
                 else:
-                    # batches of one workgroup: its LDS
-                    by_group = [cls == "lds" for cls in classes]
                     spans = _gather_spans(scoreboard, batchable, classes)
-                    self._schedule(groups, registers, checked, (batchable, stops, jumps, by_group, quiet, spans),
+                    self._schedule(groups, registers, checked, (batchable, stops, jumps, quiet, spans),
                                    kernel, stats, scoreboard)
             mem.end()
         finally:
@@ -495,11 +493,11 @@ class Machine:
         performed stores).
         A batched step leaves the waves' `pc` behind (no batchable closure reads
         it) until an unbatched step or the end of the cohort."""
-        batchable, stops, jumps, by_group, quiet, spans = steps
+        batchable, stops, jumps, quiet, spans = steps
         touches, effects = scoreboard.touches, scoreboard.effects
         count = len(at)
-        runs = [None, None]  # its batches [across workgroups, of one workgroup each], made at first need
-        gathered = None  # [state.Gathered of all `at`] for VALU and MFMA steps, made at first need
+        runs = None  # its batches (runs of consecutive slots), made at first need
+        gathered = None  # [state.Gathered of all `at`] for GATHERED_CLASSES steps, made at first need
         limit = min(budget[w] for w in at)  # steps before the first wave's quantum ends
         pending = _pending(at)
         stopped, performed, taken, batched, batches = {}, set(), 0, 0, 0
@@ -513,14 +511,13 @@ class Machine:
                             scoreboard.check(w, pc)
                 taken += 1
                 if count > 1 and batchable[pc]:
-                    within = by_group[pc]  # LDS: a workgroup's own
-                    if runs[within] is None:
-                        runs[within] = _contiguous(grid, at, by_group=within)
-                    if spans[pc] is not None and len(runs[0]) > 1:  # VALU, MFMA: once over all, gathered
+                    if runs is None:
+                        runs = _contiguous(grid, at)
+                    if spans[pc] is not None and len(runs) > 1:  # once over all, gathered
                         gathered = gathered or [Gathered(grid, [w.slot for w in at])]
                         batches += self._run_batched(grid, gathered, code[pc], kernel, pc, spans[pc])
                     else:
-                        batches += self._run_batched(grid, runs[within], code[pc], kernel, pc, spans[pc])
+                        batches += self._run_batched(grid, runs, code[pc], kernel, pc, spans[pc])
                     hits[pc] += count
                     batched += count
                     if effects[pc][2]:  # a load (LDS): its destinations are pending now
@@ -728,7 +725,7 @@ def _turns(live, ready):
         yield run[0] if len(run) == 1 else _Turn(run)
 
 
-GATHERED_CLASSES = frozenset(("valu", "mfma"))  # run once over waves in slots apart (state.Gathered)
+GATHERED_CLASSES = frozenset(("valu", "mfma", "lds"))  # run once over waves in slots apart (state.Gathered)
 
 
 def _gather_spans(scoreboard, batchable, classes) -> list:
@@ -992,7 +989,7 @@ class LaunchSetup:
         v0 = self._work_item_ids(d("system_vgpr_workitem_id", 0) + 1)
         execs = [exec_state(M64 >> (LANES - min(LANES, self.threads - index * LANES))) for index in range(len(v0))]
         gx, gy, _ = self.grid
-        grid, groups = Grid(len(order) * len(v0), self.vector_registers), []
+        grid, groups = Grid(len(order) * len(v0), self.vector_registers, len(order), self.lds_bytes), []
         grid.registers[:, 0] = np.tile(v0, (len(order), 1))
         blank = [0] * (SGPR_SLOTS - len(user) - len(system))
         for linear in order:
