@@ -1,0 +1,212 @@
+"""LDS instructions batched over several workgroups' waves (state.Grid.lds: every
+workgroup's LDS a row of one array; memops._over_waves): each lane addresses its
+own workgroup's LDS, a batch of waves in slots apart runs as a state.Gathered,
+and a launch leaves the bytes and counters of one workgroup at a time and of
+wave by wave (a trace turns batching off), and those of an independent model."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from k2back.emu import Machine, MemoryFault, memops
+from k2back.emu.state import Gathered
+from k2back.emu.testing import ARCHS, module, rng, run
+
+# 4 waves a workgroup, 4 workgroups (one turn: their waves run as one batch).
+# x -> LDS words, a barrier; then waves 0 and 2 of every workgroup (slots apart:
+# gathered) read a neighbour's word, store a word of their own and read it back
+# before any s_waitcnt (the store still to perform: each wave drains its own),
+# read a halfword and bpermute; waves 1 and 3 store a byte and read it back, and
+# read2 a pair of words.
+LDS_GROUPS = module("""
+@buf = internal addrspace(3) global [512 x i32] poison, align 16
+@bytes = internal addrspace(3) global [256 x i8] poison, align 16
+define amdgpu_kernel void @groups(ptr addrspace(1) %x, ptr addrspace(1) %out) #0 {
+entry:
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
+  %base = mul i32 %wg, 256
+  %gid = add i32 %base, %tid
+  %px = getelementptr i32, ptr addrspace(1) %x, i32 %gid
+  %v = load i32, ptr addrspace(1) %px
+  %slot = getelementptr i32, ptr addrspace(3) @buf, i32 %tid
+  store i32 %v, ptr addrspace(3) %slot
+  fence syncscope("workgroup") release
+  call void @llvm.amdgcn.s.barrier()
+  fence syncscope("workgroup") acquire
+  %wave = lshr i32 %tid, 6
+  %wv = call i32 @llvm.amdgcn.readfirstlane(i32 %wave)
+  %odd = and i32 %wv, 1
+  %isodd = icmp ne i32 %odd, 0
+  br i1 %isodd, label %b, label %a
+a:
+  %t7 = mul i32 %tid, 7
+  %w3 = mul i32 %wg, 3
+  %n = add i32 %t7, %w3
+  %ni = and i32 %n, 255
+  %pn = getelementptr i32, ptr addrspace(3) @buf, i32 %ni
+  %na = load i32, ptr addrspace(3) %pn
+  %mine = xor i32 %na, 23130
+  %t2 = add i32 %tid, 256
+  %own = getelementptr i32, ptr addrspace(3) @buf, i32 %t2
+  store volatile i32 %mine, ptr addrspace(3) %own
+  %back = load volatile i32, ptr addrspace(3) %own
+  %t5 = mul i32 %tid, 5
+  %hi = and i32 %t5, 511
+  %ph = getelementptr i16, ptr addrspace(3) @buf, i32 %hi
+  %h = load i16, ptr addrspace(3) %ph
+  %hz = zext i16 %h to i32
+  %l13 = mul i32 %tid, 13
+  %lane = and i32 %l13, 63
+  %addr = shl i32 %lane, 2
+  %bp = call i32 @llvm.amdgcn.ds.bpermute(i32 %addr, i32 %na)
+  %r1 = mul i32 %back, 3
+  %r2 = mul i32 %hz, 5
+  %r3 = mul i32 %bp, 7
+  %s1 = add i32 %na, %r1
+  %s2 = add i32 %s1, %r2
+  %ra = add i32 %s2, %r3
+  br label %join
+b:
+  %t3 = mul i32 %tid, 3
+  %m = add i32 %t3, 1
+  %mi = and i32 %m, 254
+  %pm = getelementptr i32, ptr addrspace(3) @buf, i32 %mi
+  %pair = load <2 x i32>, ptr addrspace(3) %pm, align 8
+  %p0 = extractelement <2 x i32> %pair, i32 0
+  %p1 = extractelement <2 x i32> %pair, i32 1
+  %byte = trunc i32 %p0 to i8
+  %pb = getelementptr i8, ptr addrspace(3) @bytes, i32 %tid
+  store volatile i8 %byte, ptr addrspace(3) %pb
+  %bb = load volatile i8, ptr addrspace(3) %pb
+  %bz = zext i8 %bb to i32
+  %q1 = mul i32 %p1, 11
+  %q2 = add i32 %q1, %bz
+  %rb = xor i32 %q2, %wg
+  br label %join
+join:
+  %r = phi i32 [ %ra, %a ], [ %rb, %b ]
+  %po = getelementptr i32, ptr addrspace(1) %out, i32 %gid
+  store i32 %r, ptr addrspace(1) %po
+  ret void
+}
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare i32 @llvm.amdgcn.workgroup.id.x()
+declare i32 @llvm.amdgcn.readfirstlane(i32)
+declare i32 @llvm.amdgcn.ds.bpermute(i32, i32)
+declare void @llvm.amdgcn.s.barrier()
+""")
+GROUPS = 4
+
+
+def groups_reference(x: np.ndarray) -> np.ndarray:
+    u32 = np.uint32
+    out = np.zeros_like(x)
+    t = np.arange(256, dtype=np.uint32)
+    for wg in range(GROUPS):
+        buf = x[256 * wg:256 * (wg + 1)]
+        na = buf[(t * 7 + u32(3 * wg)) & 255]
+        back = na ^ u32(23130)
+        hz = buf.view(np.uint16)[(t * 5) & 511].astype(u32)
+        bp = na[(t & ~u32(63)) + ((t * 13) & 63)]
+        ra = na + back * u32(3) + hz * u32(5) + bp * u32(7)
+        pair = (t * 3 + 1) & 254
+        p0, p1 = buf[pair], buf[pair + 1]
+        rb = (p1 * u32(11) + (p0 & u32(0xFF))) ^ u32(wg)
+        out[256 * wg:256 * (wg + 1)] = np.where((t // 64) % 2 == 1, rb, ra)
+    return out
+
+
+# what must not depend on batching (rounds and the batched count may)
+SAME_COUNTERS = ("instructions", "wave_instructions", "bytes_read", "bytes_written", "lds_read",
+                 "lds_written", "barriers", "polls", "cache_policy", "workgroups", "waves",
+                 "stale_bytes", "written_back")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_lds_batched_over_workgroups_matches_one_workgroup_at_a_time_and_wave_by_wave(arch, monkeypatch):
+    seen = []  # (a wave, a state.Gathered or a Batch; spans several workgroups) of each LDS access
+    lds_space = memops._lds_space
+
+    def spy(w, addresses):
+        kind = "wave" if w.waves is None else "gathered" if type(w) is Gathered else "batch"
+        seen.append((kind, w.group is None))
+        return lds_space(w, addresses)
+    monkeypatch.setattr(memops, "_lds_space", spy)
+    x = rng(17).integers(0, 2**32, 256 * GROUPS, dtype=np.uint64).astype(np.uint32)
+    results = {}
+    for mode in ("across", "by workgroup", "wave by wave"):
+        seen.clear()
+        out = np.zeros_like(x)
+        machine = Machine(arch, trace=(lambda w, ins: None) if mode == "wave by wave" else None)
+        machine.batch_workgroups = mode == "across"
+        stats = run(LDS_GROUPS, arch, "groups", {"x": x, "out": out}, grid=(GROUPS,), block=(256,),
+                    machine=machine)
+        np.testing.assert_array_equal(out, groups_reference(x), err_msg=mode)
+        results[mode] = (out, stats, set(seen))
+    across, by_group, alone = (results[m][1] for m in ("across", "by workgroup", "wave by wave"))
+    # across: batches spanning workgroups, gathered ones (waves 0 and 2, 1 and 3 of
+    # each), and waves alone where a later wave of a batch drains its own store first
+    assert {("batch", True), ("gathered", True), ("wave", False)} <= results["across"][2]
+    assert not any(spans for _, spans in results["by workgroup"][2])
+    assert alone.batched == 0 and across.batches < by_group.batches
+    for stats in (by_group, alone):
+        mine, theirs = dataclasses.asdict(across), dataclasses.asdict(stats)
+        assert {k: mine[k] for k in SAME_COUNTERS} == {k: theirs[k] for k in SAME_COUNTERS}
+
+
+# Wave 3 of workgroup 1 reads past the LDS: a batch of several workgroups' waves
+# must name that wave, as one workgroup at a time and wave by wave do.
+STRAY = module("""
+@buf = internal addrspace(3) global [512 x i32] poison, align 16
+define amdgpu_kernel void @stray(ptr addrspace(1) %out) #0 {
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
+  %slot = getelementptr i32, ptr addrspace(3) @buf, i32 %tid
+  store i32 %tid, ptr addrspace(3) %slot
+  fence syncscope("workgroup") release
+  call void @llvm.amdgcn.s.barrier()
+  fence syncscope("workgroup") acquire
+  %wave = lshr i32 %tid, 6
+  %w3 = icmp eq i32 %wave, 3
+  %g1 = icmp eq i32 %wg, 1
+  %stray = and i1 %w3, %g1
+  %far = add i32 %tid, 100000
+  %index = select i1 %stray, i32 %far, i32 %tid
+  %p = getelementptr i32, ptr addrspace(3) @buf, i32 %index
+  %v = load i32, ptr addrspace(3) %p
+  %po = getelementptr i32, ptr addrspace(1) %out, i32 %tid
+  store i32 %v, ptr addrspace(1) %po
+  ret void
+}
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare i32 @llvm.amdgcn.workgroup.id.x()
+declare void @llvm.amdgcn.s.barrier()
+""")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mode", ["across", "by workgroup", "wave by wave"])
+def test_an_lds_read_out_of_range_in_a_batch_of_workgroups_names_its_wave(arch, mode):
+    machine = Machine(arch, trace=(lambda w, ins: None) if mode == "wave by wave" else None)
+    machine.batch_workgroups = mode == "across"
+    with pytest.raises(MemoryFault, match=r"outside the workgroup's 2048 bytes, workgroup 1 wave 3,"):
+        run(STRAY, arch, "stray", {"out": np.zeros(512, np.uint32)}, grid=(3,), block=(512,), machine=machine)
+
+
+def test_each_workgroups_lds_is_its_own_row_of_the_grids():
+    """A workgroup's LDS is its row of state.Grid.lds (as bytes and dwords in
+    Grid.lds_cells from lds_base), rows 16-byte aligned, each its own size."""
+    from k2back.emu.state import Grid, Workgroup, exec_state
+
+    grid = Grid(6, 4, workgroups=3, lds_bytes=1030)
+    groups = [Workgroup(i, (i, 0, 0), 1030, None, grid, [exec_state(2**64 - 1)] * 2, [0] * 128)
+              for i in range(3)]
+    flat, words = grid.lds_cells
+    for i, g in enumerate(groups):
+        assert g.lds.size == 1030 and g.lds_base % 16 == 0
+        g.lds[:] = i + 1
+        assert (flat[g.lds_base:g.lds_base + 1030] == i + 1).all()
+        assert (words[g.lds_base // 4:(g.lds_base + 1028) // 4] == (i + 1) * 0x01010101).all()
+    assert np.shares_memory(groups[0].lds, flat) and grid.lds.shape == (3, 1040)
