@@ -725,7 +725,8 @@ def _turns(live, ready):
         yield run[0] if len(run) == 1 else _Turn(run)
 
 
-GATHERED_CLASSES = frozenset(("valu", "mfma", "lds"))  # run once over waves in slots apart (state.Gathered)
+# run once over waves in slots apart (state.Gathered)
+GATHERED_CLASSES = frozenset(("valu", "mfma", "lds", "vmem_load", "vmem_store"))
 
 
 def _gather_spans(scoreboard, batchable, classes) -> list:

@@ -132,7 +132,9 @@ def _over_workgroup(counter, access, alone, issued):
     there instead, before anything is done (but what a fault, which ends the
     launch anyway, leaves): the machine runs it a workgroup at a time, and so
     it does at once for every later batch of several workgroups (the operand the
-    workgroups disagreed on, a base address mostly, is a workgroup's own)."""
+    workgroups disagreed on, a base address mostly, is a workgroup's own). So
+    does a state.Gathered of one workgroup's waves (its registers are a copy
+    that `alone` would not write), without the later batches."""
     split = []  # not empty once a batch of several workgroups had to split
 
     def run(w):
@@ -148,6 +150,8 @@ def _over_workgroup(counter, access, alone, issued):
         except (_PerWave, EmulatorError):
             if w.group is None:
                 split.append(True)
+                raise ByWorkgroup from None
+            if type(w) is Gathered:
                 raise ByWorkgroup from None
             for v in waves:
                 alone(v)

@@ -210,3 +210,105 @@ def test_each_workgroups_lds_is_its_own_row_of_the_grids():
         assert (flat[g.lds_base:g.lds_base + 1030] == i + 1).all()
         assert (words[g.lds_base // 4:(g.lds_base + 1028) // 4] == (i + 1) * 0x01010101).all()
     assert np.shares_memory(groups[0].lds, flat) and grid.lds.shape == (3, 1040)
+
+
+# Vector loads and stores of waves in slots apart (waves 0 and 2, 1 and 3 of each of
+# 4 workgroups) run once as a state.Gathered: a load through the kernel's base
+# (every wave agrees: one access over all workgroups), one through an SGPR base of
+# each wave's own (a Gathered of one workgroup's waves splits, wave by wave), one
+# through an SGPR base of each workgroup's own (a batch of several workgroups
+# splits, a workgroup at a time), stores of waves 0 and 2.
+VMEM_GROUPS = module("""
+define amdgpu_kernel void @vmem(ptr addrspace(1) %x, ptr addrspace(1) %out, ptr addrspace(1) %out2) #0 {
+entry:
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
+  %base = mul i32 %wg, 256
+  %gid = add i32 %base, %tid
+  %wave = lshr i32 %tid, 6
+  %wv = call i32 @llvm.amdgcn.readfirstlane(i32 %wave)
+  %odd = and i32 %wv, 1
+  %isodd = icmp ne i32 %odd, 0
+  %po = getelementptr i32, ptr addrspace(1) %out, i32 %gid
+  br i1 %isodd, label %b, label %a
+a:
+  %i1 = mul i32 %gid, 3
+  %j1 = and i32 %i1, 1023
+  %p1 = getelementptr i32, ptr addrspace(1) %x, i32 %j1
+  %v1 = load i32, ptr addrspace(1) %p1
+  %wbase = mul i32 %wv, 100
+  %pw = getelementptr i32, ptr addrspace(1) %x, i32 %wbase
+  %lane = and i32 %tid, 63
+  %p2 = getelementptr i32, ptr addrspace(1) %pw, i32 %lane
+  %v2 = load i32, ptr addrspace(1) %p2
+  %r1 = mul i32 %v1, 3
+  %ra = add i32 %r1, %v2
+  store i32 %ra, ptr addrspace(1) %po
+  %po2 = getelementptr i32, ptr addrspace(1) %out2, i32 %gid
+  store i32 %v2, ptr addrspace(1) %po2
+  br label %done
+b:
+  %gbase = mul i32 %wg, 200
+  %pg = getelementptr i32, ptr addrspace(1) %x, i32 %gbase
+  %p3 = getelementptr i32, ptr addrspace(1) %pg, i32 %tid
+  %v3 = load i32, ptr addrspace(1) %p3
+  %rb = xor i32 %v3, 4660
+  store i32 %rb, ptr addrspace(1) %po
+  br label %done
+done:
+  ret void
+}
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare i32 @llvm.amdgcn.workgroup.id.x()
+declare i32 @llvm.amdgcn.readfirstlane(i32)
+""")
+
+
+def vmem_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    gid = np.arange(256 * GROUPS)
+    wg, tid = np.divmod(gid, 256)
+    wave = tid // 64
+    v2 = x[100 * wave + tid % 64]
+    a = x[(gid * 3) & 1023] * np.uint32(3) + v2
+    b = x[200 * wg + tid] ^ np.uint32(4660)
+    odd = wave % 2 == 1
+    return np.where(odd, b, a), np.where(odd, 0, v2)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_vector_memory_of_waves_in_slots_apart_runs_gathered_as_one_workgroup_at_a_time(arch, monkeypatch):
+    from k2back.emu import machine as machine_module
+
+    seen = []  # (a state.Gathered, spans several workgroups) of each batched load and store
+    load_over_waves, store = machine_module.DecodeContext._load_over_waves, machine_module.DecodeContext.store
+
+    def spy_load(self, batch, *args):
+        seen.append(("load", type(batch) is Gathered, batch.group is None))
+        return load_over_waves(self, batch, *args)
+
+    def spy_store(self, w, *args):
+        if w.waves is not None:
+            seen.append(("store", type(w) is Gathered, w.group is None))
+        return store(self, w, *args)
+    monkeypatch.setattr(machine_module.DecodeContext, "_load_over_waves", spy_load)
+    monkeypatch.setattr(machine_module.DecodeContext, "store", spy_store)
+    x = rng(23).integers(0, 2**32, 1024, dtype=np.uint64).astype(np.uint32)
+    results = {}
+    for mode in ("across", "by workgroup", "wave by wave"):
+        seen.clear()
+        out, out2 = np.zeros(256 * GROUPS, np.uint32), np.zeros(256 * GROUPS, np.uint32)
+        machine = Machine(arch, trace=(lambda w, ins: None) if mode == "wave by wave" else None)
+        machine.batch_workgroups = mode == "across"
+        stats = run(VMEM_GROUPS, arch, "vmem", {"x": x, "out": out, "out2": out2}, grid=(GROUPS,),
+                    block=(256,), machine=machine)
+        want, want2 = vmem_reference(x)
+        np.testing.assert_array_equal(out, want, err_msg=mode)
+        np.testing.assert_array_equal(out2, want2, err_msg=mode)
+        results[mode] = (stats, set(seen))
+    assert {("load", True, True), ("store", True, True)} <= results["across"][1]
+    assert not any(spans for _, _, spans in results["by workgroup"][1])
+    (across, _), (by_group, _), (alone, _) = results.values()
+    assert alone.batched == 0 and across.batches < by_group.batches
+    for stats in (by_group, alone):
+        mine, theirs = dataclasses.asdict(across), dataclasses.asdict(stats)
+        assert {k: mine[k] for k in SAME_COUNTERS} == {k: theirs[k] for k in SAME_COUNTERS}
