@@ -3,12 +3,13 @@
 Scheduling: every workgroup of a launch is resident. Waves run round-robin in
 quanta of `quantum` instructions, workgroups in `order`; within a workgroup's
 turn the waves at the lowest PC go first, in lock-step, and several waves at one
-VALU, MFMA or LDS-read instruction run it once over [waves, 64] lanes
+VALU, MFMA, LDS or vector memory instruction run it once over [waves, 64] lanes
 (`Machine._run_turn`). Consecutive workgroups whose waves are at the same places
 when their turns come (the workgroups of a stage) take one turn together: their
-waves run as the waves of one workgroup, a VALU or MFMA instruction once for all
-(`_turns`; a vector load or store too, each workgroup's CU its own view; LDS
-instructions per workgroup). A wave gives up the rest of its quantum at `s_sleep N`
+waves run as the waves of one workgroup, such an instruction once for all
+(`_turns`; a vector load or store with each workgroup's CU its own view, an LDS
+instruction with each lane addressing its own workgroup's LDS, state.Grid.lds),
+waves in slots apart too (state.Gathered). A wave gives up the rest of its quantum at `s_sleep N`
 (and then sits out N rounds, unless a store reaches the line it polls:
 coherence.py), at `s_barrier` (until every live wave of its workgroup arrived),
 at `s_endpgm`, and when an `s_waitcnt` stops between two stores it retires
@@ -711,8 +712,8 @@ class _Turn:
 def _turns(live, ready):
     """The round's turns: each workgroup of `live` in order, where consecutive ones
     whose waves are ready at the same PCs (the workgroups of a stage, mostly) take
-    one turn together, so that their waves run in lock-step and a VALU or MFMA
-    instruction once for all of them."""
+    one turn together, so that their waves run in lock-step and a VALU, MFMA, LDS
+    or vector memory instruction once for all of them."""
     run, key = [], None
     for g in live:
         mine = tuple(w.pc if ready(w) else -1 for w in g.waves)
@@ -730,7 +731,8 @@ GATHERED_CLASSES = frozenset(("valu", "mfma", "lds", "vmem_load", "vmem_store"))
 
 
 def _gather_spans(scoreboard, batchable, classes) -> list:
-    """Per instruction a state.Gathered runs (a batchable VALU or MFMA), the spans of
+    """Per instruction a state.Gathered runs (a batchable VALU, MFMA, LDS or vector
+    memory instruction), the spans of
     vector register rows it reads or writes and of those it writes (the scoreboard's
     register effects: its explicit operands; a batchable closure writes its first
     operand's registers only), else None."""

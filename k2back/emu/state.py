@@ -199,11 +199,11 @@ class Workgroup:
 class Batch:
     """The waves in slots first..stop-1 of a launch (of one workgroup or of several
     consecutive ones), all at the same instruction, seen as one wave of [waves,
-    64] lanes by a VALU, MFMA or LDS closure: vector registers are views [register,
+    64] lanes by a VALU, MFMA, LDS or vector memory closure: vector registers are views [register,
     wave, lane] of the launch's array, the exec mask is [waves, 64], and an SGPR
     reads as an int when the waves agree on it, else as a column [waves, 1]; a mask
     destination is written wave by wave (operands.vector_writer). `group` is its
-    workgroup, None when it spans several (LDS closures get one-workgroup batches)."""
+    workgroup, None when it spans several."""
 
     __slots__ = ("all_lanes", "epoch", "f", "full", "group", "groups", "i", "mask", "r", "s", "waves")
 
@@ -244,11 +244,14 @@ class Batch:
 
 class Gathered(Batch):
     """Waves of a launch in slots that are not consecutive (e.g. waves 0-1 of each
-    workgroup of a stage), all at the same VALU or MFMA instruction, as one Batch:
-    its vector registers are a copy [register, wave, lane] (`stage`) that `run`
-    fills with the registers the instruction reads and writes, before it, and
-    copies the ones it writes back to the launch's array after it. Once per
-    instruction over the waves, instead of once per run of consecutive slots.
+    workgroup of a stage), all at the same VALU, MFMA, LDS or vector memory
+    instruction, as one Batch: its vector registers are a copy [register, wave,
+    lane] (`stage`) that `run` fills with the registers the instruction reads and
+    writes, before it, and copies the ones it writes back to the launch's array
+    after it. Once per instruction over the waves, instead of once per run of
+    consecutive slots. A closure that falls back to running wave by wave must not
+    do so on a Gathered (the waves' registers are not its copy): it raises
+    memops.ByWorkgroup, and the machine runs the runs of consecutive slots.
     Made for a cohort (machine.Machine._run_cohort) and dropped after it: kept,
     the stages of a launch's cohorts held as much memory as its registers."""
 
