@@ -214,10 +214,11 @@ def test_each_workgroups_lds_is_its_own_row_of_the_grids():
 
 # Vector loads and stores of waves in slots apart (waves 0 and 2, 1 and 3 of each of
 # 4 workgroups) run once as a state.Gathered: a load through the kernel's base
-# (every wave agrees: one access over all workgroups), one through an SGPR base of
-# each wave's own (a Gathered of one workgroup's waves splits, wave by wave), one
-# through an SGPR base of each workgroup's own (a batch of several workgroups
-# splits, a workgroup at a time), stores of waves 0 and 2.
+# (every wave agrees: one access over all workgroups), loads through an SGPR base
+# of each wave's own and of each workgroup's own (each lane its wave's base), a
+# buffer load with a num_records of each wave's own (a batch of several
+# workgroups splits, a workgroup at a time; a Gathered of one workgroup's waves,
+# wave by wave), stores of waves 0 and 2.
 VMEM_GROUPS = module("""
 define amdgpu_kernel void @vmem(ptr addrspace(1) %x, ptr addrspace(1) %out, ptr addrspace(1) %out2) #0 {
 entry:
@@ -241,11 +242,18 @@ a:
   %lane = and i32 %tid, 63
   %p2 = getelementptr i32, ptr addrspace(1) %pw, i32 %lane
   %v2 = load i32, ptr addrspace(1) %p2
+  %wv1 = add i32 %wv, 1
+  %records32 = mul i32 %wv1, 80
+  %records = zext i32 %records32 to i64
+  %rsrc = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1(ptr addrspace(1) %x, i16 0, i64 %records, i32 159744)
+  %off = shl i32 %lane, 2
+  %v4 = call i32 @llvm.amdgcn.raw.ptr.buffer.load.i32(ptr addrspace(8) %rsrc, i32 %off, i32 0, i32 0)
+  %v24 = add i32 %v2, %v4
   %r1 = mul i32 %v1, 3
   %ra = add i32 %r1, %v2
   store i32 %ra, ptr addrspace(1) %po
   %po2 = getelementptr i32, ptr addrspace(1) %out2, i32 %gid
-  store i32 %v2, ptr addrspace(1) %po2
+  store i32 %v24, ptr addrspace(1) %po2
   br label %done
 b:
   %gbase = mul i32 %wg, 200
@@ -261,6 +269,8 @@ done:
 declare i32 @llvm.amdgcn.workitem.id.x()
 declare i32 @llvm.amdgcn.workgroup.id.x()
 declare i32 @llvm.amdgcn.readfirstlane(i32)
+declare ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1(ptr addrspace(1), i16, i64, i32)
+declare i32 @llvm.amdgcn.raw.ptr.buffer.load.i32(ptr addrspace(8), i32, i32, i32)
 """)
 
 
@@ -268,11 +278,13 @@ def vmem_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     gid = np.arange(256 * GROUPS)
     wg, tid = np.divmod(gid, 256)
     wave = tid // 64
-    v2 = x[100 * wave + tid % 64]
+    lane = tid % 64
+    v2 = x[100 * wave + lane]
     a = x[(gid * 3) & 1023] * np.uint32(3) + v2
     b = x[200 * wg + tid] ^ np.uint32(4660)
+    v4 = np.where(4 * lane + 4 <= 80 * (wave + 1), x[lane], 0)  # the buffer's range: each wave its own
     odd = wave % 2 == 1
-    return np.where(odd, b, a), np.where(odd, 0, v2)
+    return np.where(odd, b, a), np.where(odd, 0, v2 + v4)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -287,10 +287,15 @@ def _global_address(ins, ctx, segment, operands, offset):
         return address64
     base = ctx.scalar_reader(saddr, 64, ins)
     row = ctx.vector_row(vaddr, 1, ins)
+    after = U64(offset & (2**64 - 1))
 
     def address_sbase(w):
-        lanes = w.r[row] if w.full else w.r[row, w.mask]
-        return lanes.reshape(-1).astype(U64) + U64((agreed(base(w)) + offset) & (2**64 - 1))
+        lanes = (w.r[row] if w.full else w.r[row, w.mask]).reshape(-1).astype(U64)
+        sbase = base(w)
+        if type(sbase) is int:
+            return lanes + U64((sbase + offset) & (2**64 - 1))
+        # a batch whose waves' bases differ ([waves, 1]): each lane its own wave's
+        return lanes + (sbase[:, 0] + after)[owners(w)]
     return address_sbase
 
 
