@@ -215,10 +215,12 @@ def test_each_workgroups_lds_is_its_own_row_of_the_grids():
 # Vector loads and stores of waves in slots apart (waves 0 and 2, 1 and 3 of each of
 # 4 workgroups) run once as a state.Gathered: a load through the kernel's base
 # (every wave agrees: one access over all workgroups), loads through an SGPR base
-# of each wave's own and of each workgroup's own (each lane its wave's base), a
-# buffer load with a num_records of each wave's own (a batch of several
-# workgroups splits, a workgroup at a time; a Gathered of one workgroup's waves,
-# wave by wave), stores of waves 0 and 2.
+# of each wave's own and of each workgroup's own and buffer loads with a
+# num_records of each wave's own (each lane its wave's; a dwordx4 whose lanes are
+# partly in range, element by element), a buffer load with an
+# soffset of each wave's own (a batch of several workgroups splits, a workgroup
+# at a time; a Gathered of one workgroup's waves, wave by wave), stores of waves
+# 0 and 2.
 VMEM_GROUPS = module("""
 define amdgpu_kernel void @vmem(ptr addrspace(1) %x, ptr addrspace(1) %out, ptr addrspace(1) %out2) #0 {
 entry:
@@ -248,7 +250,24 @@ a:
   %rsrc = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1(ptr addrspace(1) %x, i16 0, i64 %records, i32 159744)
   %off = shl i32 %lane, 2
   %v4 = call i32 @llvm.amdgcn.raw.ptr.buffer.load.i32(ptr addrspace(8) %rsrc, i32 %off, i32 0, i32 0)
-  %v24 = add i32 %v2, %v4
+  %whole = call ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1(ptr addrspace(1) %x, i16 0, i64 4096, i32 159744)
+  %soffset = shl i32 %wv, 2
+  %v5 = call i32 @llvm.amdgcn.raw.ptr.buffer.load.i32(ptr addrspace(8) %whole, i32 %off, i32 %soffset, i32 0)
+  %v45 = mul i32 %v5, 7
+  %v4x = add i32 %v4, %v45
+  %q = call <4 x i32> @llvm.amdgcn.raw.ptr.buffer.load.v4i32(ptr addrspace(8) %rsrc, i32 %off, i32 0, i32 0)
+  %q0 = extractelement <4 x i32> %q, i32 0
+  %q1 = extractelement <4 x i32> %q, i32 1
+  %q2 = extractelement <4 x i32> %q, i32 2
+  %q3 = extractelement <4 x i32> %q, i32 3
+  %q1m = mul i32 %q1, 3
+  %q2m = mul i32 %q2, 5
+  %q3m = mul i32 %q3, 9
+  %qa = add i32 %q0, %q1m
+  %qb = add i32 %q2m, %q3m
+  %qs = add i32 %qa, %qb
+  %v4q = add i32 %v4x, %qs
+  %v24 = add i32 %v2, %v4q
   %r1 = mul i32 %v1, 3
   %ra = add i32 %r1, %v2
   store i32 %ra, ptr addrspace(1) %po
@@ -271,6 +290,7 @@ declare i32 @llvm.amdgcn.workgroup.id.x()
 declare i32 @llvm.amdgcn.readfirstlane(i32)
 declare ptr addrspace(8) @llvm.amdgcn.make.buffer.rsrc.p8.p1(ptr addrspace(1), i16, i64, i32)
 declare i32 @llvm.amdgcn.raw.ptr.buffer.load.i32(ptr addrspace(8), i32, i32, i32)
+declare <4 x i32> @llvm.amdgcn.raw.ptr.buffer.load.v4i32(ptr addrspace(8), i32, i32, i32)
 """)
 
 
@@ -283,8 +303,12 @@ def vmem_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     a = x[(gid * 3) & 1023] * np.uint32(3) + v2
     b = x[200 * wg + tid] ^ np.uint32(4660)
     v4 = np.where(4 * lane + 4 <= 80 * (wave + 1), x[lane], 0)  # the buffer's range: each wave its own
+    v5 = x[lane + wave]  # soffset: each wave its own
+    # 4 dwords from dword `lane`, each in range or not: a lane's access partly in range
+    q = [np.where(4 * (lane + k) + 4 <= 80 * (wave + 1), x[lane + k], 0) for k in range(4)]
+    qs = q[0] + q[1] * np.uint32(3) + q[2] * np.uint32(5) + q[3] * np.uint32(9)
     odd = wave % 2 == 1
-    return np.where(odd, b, a), np.where(odd, 0, v2 + v4)
+    return np.where(odd, b, a), np.where(odd, 0, v2 + v4 + v5 * np.uint32(7) + qs)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -177,15 +177,21 @@ def agreed(value):
     return value
 
 
-def agreed_sgprs(w, first: int, count: int) -> list[int]:
-    """SGPRs first..first+count-1 of a wave, or those a Batch's waves agree on (else
-    _PerWave): agreed(w.s[i]) for each, in one pass over the waves."""
+def _by_lane(value):
+    """An int, or a per-lane value [lanes] as a column [lanes, 1] (against [lanes, elements])."""
+    return value if type(value) is int else value[:, None]
+
+
+def lane_sgprs(w, first: int, count: int) -> list:
+    """SGPRs first..first+count-1 of a wave, or of a Batch's waves: each the int
+    they agree on, else int64 [active lanes], each lane's own wave's."""
     if w.waves is None:
         return w.s[first:first + count]
     values = w.waves[0].s[first:first + count]
-    if any(v.s[first:first + count] != values for v in w.waves):
-        raise _PerWave
-    return values
+    if all(v.s[first:first + count] == values for v in w.waves):
+        return values
+    columns = np.array([v.s[first:first + count] for v in w.waves], np.int64)[owners(w)]
+    return [value if (columns[:, i] == value).all() else columns[:, i] for i, value in enumerate(values)]
 
 
 def owners(w):
@@ -367,7 +373,8 @@ def decode_buffer(ins, ctx):
         lie wholly in range (None: all), and only when some lane's access is partly
         in range (addresses [lanes, count], in-range [lanes, count]) of each
         element, else None)."""
-        word0, word1, records = agreed_sgprs(w, s0, 3)
+        # ints, or int64 [lanes] where a batch's waves differ (each lane its own wave's V#)
+        word0, word1, records = lane_sgprs(w, s0, 3)
         base = word0 | ((word1 & 0xFFFF) << 32)
         stride = (word1 >> 16) & 0x3FFF
         sgpr_offset = agreed(soffset(w))
@@ -380,12 +387,13 @@ def decode_buffer(ins, ctx):
         else:
             starts = voffset if offen else np.zeros(w.mask.size if w.full else np.count_nonzero(w.mask), np.int64)
             lane_ok = None
-        end = None if idxen else starts.max() + inst_offset + element * count
-        if sgpr_offset and end is not None and end + sgpr_offset > records:
+        # each lane's end, or (one V#) the last one's
+        end = None if idxen else (starts.max() if type(records) is int else starts) + inst_offset + element * count
+        if sgpr_offset and end is not None and (end + sgpr_offset > records).any():
             # whether soffset takes part in the range check is not pinned down
             raise UnsupportedInstruction(f"buffer range check with a nonzero soffset ({sgpr_offset}) "
                                          f"is not modelled ({ins.where()}, {w.name})")
-        if lane_ok.all() if idxen else end <= records:
+        if lane_ok.all() if idxen else (end <= records).all():
             return (starts + start).astype(U64), None, None
         if idxen:  # a lane's elements are all in range or all out
             return (starts + start).astype(U64), lane_ok, None
@@ -393,8 +401,8 @@ def decode_buffer(ins, ctx):
         if (whole == (starts + (inst_offset + element) <= records)).all():  # so is its first: all or none
             return (starts + start).astype(U64), whole, None
         offsets = starts[:, None] + element * np.arange(count)
-        return (starts + start).astype(U64), whole, ((offsets + start).astype(U64),
-                                                     offsets + inst_offset + element <= records)
+        return (starts + start).astype(U64), whole, ((offsets + _by_lane(start)).astype(U64),
+                                                     offsets + inst_offset + element <= _by_lane(records))
 
     if op == "atomic":
         return _buffer_atomic(ins, ctx, suffix, data_op, locate, counter)
