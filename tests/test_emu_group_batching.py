@@ -11,7 +11,7 @@ import pytest
 
 from k2back.emu import Machine, MemoryFault, memops
 from k2back.emu.state import Gathered
-from k2back.emu.testing import ARCHS, module, rng, run
+from k2back.emu.testing import ARCHS, handwritten, module, rng, run
 
 # 4 waves a workgroup, 4 workgroups (one turn: their waves run as one batch).
 # x -> LDS words, a barrier; then waves 0 and 2 of every workgroup (slots apart:
@@ -156,34 +156,15 @@ def test_lds_batched_over_workgroups_matches_one_workgroup_at_a_time_and_wave_by
         assert {k: mine[k] for k in SAME_COUNTERS} == {k: theirs[k] for k in SAME_COUNTERS}
 
 
-# Wave 3 of workgroup 1 reads past the LDS: a batch of several workgroups' waves
-# must name that wave, as one workgroup at a time and wave by wave do.
-STRAY = module("""
-@buf = internal addrspace(3) global [512 x i32] poison, align 16
-define amdgpu_kernel void @stray(ptr addrspace(1) %out) #0 {
-  %tid = call i32 @llvm.amdgcn.workitem.id.x()
-  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
-  %slot = getelementptr i32, ptr addrspace(3) @buf, i32 %tid
-  store i32 %tid, ptr addrspace(3) %slot
-  fence syncscope("workgroup") release
-  call void @llvm.amdgcn.s.barrier()
-  fence syncscope("workgroup") acquire
-  %wave = lshr i32 %tid, 6
-  %w3 = icmp eq i32 %wave, 3
-  %g1 = icmp eq i32 %wg, 1
-  %stray = and i1 %w3, %g1
-  %far = add i32 %tid, 100000
-  %index = select i1 %stray, i32 %far, i32 %tid
-  %p = getelementptr i32, ptr addrspace(3) @buf, i32 %index
-  %v = load i32, ptr addrspace(3) %p
-  %po = getelementptr i32, ptr addrspace(1) %out, i32 %tid
-  store i32 %v, ptr addrspace(1) %po
-  ret void
-}
-declare i32 @llvm.amdgcn.workitem.id.x()
-declare i32 @llvm.amdgcn.workgroup.id.x()
-declare void @llvm.amdgcn.s.barrier()
-""")
+# Waves 1-3 of workgroups 1 and 2 read past the LDS (wave * workgroup MiB): a
+# batch of several workgroups' waves must name the first, as one workgroup at a
+# time and wave by wave do.
+STRAY = """
+\tv_lshrrev_b32_e32 v30, 6, v0
+\tv_mul_u32_u24_e32 v1, s2, v30
+\tv_lshlrev_b32_e32 v1, 20, v1
+\tds_read_b32 v10, v1
+\ts_waitcnt lgkmcnt(0)"""
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -191,8 +172,9 @@ declare void @llvm.amdgcn.s.barrier()
 def test_an_lds_read_out_of_range_in_a_batch_of_workgroups_names_its_wave(arch, mode):
     machine = Machine(arch, trace=(lambda w, ins: None) if mode == "wave by wave" else None)
     machine.batch_workgroups = mode == "across"
-    with pytest.raises(MemoryFault, match=r"outside the workgroup's 2048 bytes, workgroup 1 wave 3,"):
-        run(STRAY, arch, "stray", {"out": np.zeros(512, np.uint32)}, grid=(3,), block=(512,), machine=machine)
+    kernargs = machine.map(np.zeros(64, np.uint32)).to_bytes(8, "little")
+    with pytest.raises(MemoryFault, match=r"outside the workgroup's 2048 bytes, workgroup 1 wave 1,"):
+        machine.launch(handwritten(arch, STRAY, lds_bytes=2048), "hand", grid=(3,), block=(256,), kernargs=kernargs)
 
 
 def test_each_workgroups_lds_is_its_own_row_of_the_grids():
