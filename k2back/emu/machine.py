@@ -3,12 +3,13 @@
 Scheduling: every workgroup of a launch is resident. Waves run round-robin in
 quanta of `quantum` instructions, workgroups in `order`; within a workgroup's
 turn the waves at the lowest PC go first, in lock-step, and several waves at one
-VALU, MFMA or LDS-read instruction run it once over [waves, 64] lanes
+VALU, MFMA, LDS or vector memory instruction run it once over [waves, 64] lanes
 (`Machine._run_turn`). Consecutive workgroups whose waves are at the same places
 when their turns come (the workgroups of a stage) take one turn together: their
-waves run as the waves of one workgroup, a VALU or MFMA instruction once for all
-(`_turns`; a vector load or store too, each workgroup's CU its own view; LDS
-instructions per workgroup). A wave gives up the rest of its quantum at `s_sleep N`
+waves run as the waves of one workgroup, such an instruction once for all
+(`_turns`; a vector load or store with each workgroup's CU its own view, an LDS
+instruction with each lane addressing its own workgroup's LDS, state.Grid.lds),
+waves in slots apart too (state.Gathered). A wave gives up the rest of its quantum at `s_sleep N`
 (and then sits out N rounds, unless a store reaches the line it polls:
 coherence.py), at `s_barrier` (until every live wave of its workgroup arrived),
 at `s_endpgm`, and when an `s_waitcnt` stops between two stores it retires
@@ -303,10 +304,8 @@ class Machine:
                 if timer is not None:  # timing mode: waves one at a time, in modeled time order
                     timer.schedule(groups, checked, kernel, stats, scoreboard)
                 else:
-                    # batches of one workgroup: its LDS
-                    by_group = [cls == "lds" for cls in classes]
                     spans = _gather_spans(scoreboard, batchable, classes)
-                    self._schedule(groups, registers, checked, (batchable, stops, jumps, by_group, quiet, spans),
+                    self._schedule(groups, registers, checked, (batchable, stops, jumps, quiet, spans),
                                    kernel, stats, scoreboard)
             mem.end()
         finally:
@@ -495,11 +494,11 @@ class Machine:
         performed stores).
         A batched step leaves the waves' `pc` behind (no batchable closure reads
         it) until an unbatched step or the end of the cohort."""
-        batchable, stops, jumps, by_group, quiet, spans = steps
+        batchable, stops, jumps, quiet, spans = steps
         touches, effects = scoreboard.touches, scoreboard.effects
         count = len(at)
-        runs = [None, None]  # its batches [across workgroups, of one workgroup each], made at first need
-        gathered = None  # [state.Gathered of all `at`] for VALU and MFMA steps, made at first need
+        runs = None  # its batches (runs of consecutive slots), made at first need
+        gathered = None  # [state.Gathered of all `at`] for GATHERED_CLASSES steps, made at first need
         limit = min(budget[w] for w in at)  # steps before the first wave's quantum ends
         pending = _pending(at)
         stopped, performed, taken, batched, batches = {}, set(), 0, 0, 0
@@ -513,14 +512,13 @@ class Machine:
                             scoreboard.check(w, pc)
                 taken += 1
                 if count > 1 and batchable[pc]:
-                    within = by_group[pc]  # LDS: a workgroup's own
-                    if runs[within] is None:
-                        runs[within] = _contiguous(grid, at, by_group=within)
-                    if spans[pc] is not None and len(runs[0]) > 1:  # VALU, MFMA: once over all, gathered
+                    if runs is None:
+                        runs = _contiguous(grid, at)
+                    if spans[pc] is not None and len(runs) > 1:  # once over all, gathered
                         gathered = gathered or [Gathered(grid, [w.slot for w in at])]
                         batches += self._run_batched(grid, gathered, code[pc], kernel, pc, spans[pc])
                     else:
-                        batches += self._run_batched(grid, runs[within], code[pc], kernel, pc, spans[pc])
+                        batches += self._run_batched(grid, runs, code[pc], kernel, pc, spans[pc])
                     hits[pc] += count
                     batched += count
                     if effects[pc][2]:  # a load (LDS): its destinations are pending now
@@ -714,8 +712,8 @@ class _Turn:
 def _turns(live, ready):
     """The round's turns: each workgroup of `live` in order, where consecutive ones
     whose waves are ready at the same PCs (the workgroups of a stage, mostly) take
-    one turn together, so that their waves run in lock-step and a VALU or MFMA
-    instruction once for all of them."""
+    one turn together, so that their waves run in lock-step and a VALU, MFMA, LDS
+    or vector memory instruction once for all of them."""
     run, key = [], None
     for g in live:
         mine = tuple(w.pc if ready(w) else -1 for w in g.waves)
@@ -728,11 +726,13 @@ def _turns(live, ready):
         yield run[0] if len(run) == 1 else _Turn(run)
 
 
-GATHERED_CLASSES = frozenset(("valu", "mfma"))  # run once over waves in slots apart (state.Gathered)
+# run once over waves in slots apart (state.Gathered)
+GATHERED_CLASSES = frozenset(("valu", "mfma", "lds", "vmem_load", "vmem_store"))
 
 
 def _gather_spans(scoreboard, batchable, classes) -> list:
-    """Per instruction a state.Gathered runs (a batchable VALU or MFMA), the spans of
+    """Per instruction a state.Gathered runs (a batchable VALU, MFMA, LDS or vector
+    memory instruction), the spans of
     vector register rows it reads or writes and of those it writes (the scoreboard's
     register effects: its explicit operands; a batchable closure writes its first
     operand's registers only), else None."""
@@ -992,7 +992,7 @@ class LaunchSetup:
         v0 = self._work_item_ids(d("system_vgpr_workitem_id", 0) + 1)
         execs = [exec_state(M64 >> (LANES - min(LANES, self.threads - index * LANES))) for index in range(len(v0))]
         gx, gy, _ = self.grid
-        grid, groups = Grid(len(order) * len(v0), self.vector_registers), []
+        grid, groups = Grid(len(order) * len(v0), self.vector_registers, len(order), self.lds_bytes), []
         grid.registers[:, 0] = np.tile(v0, (len(order), 1))
         blank = [0] * (SGPR_SLOTS - len(user) - len(system))
         for linear in order:

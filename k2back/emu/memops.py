@@ -21,7 +21,7 @@ import numpy as np
 from . import inflight
 from .errors import EmulatorError, MemoryFault, UnsupportedInstruction
 from .memory import ATOMICS, apply_atomic
-from .state import LANES
+from .state import LANES, Gathered
 
 U32, U64 = np.uint32, np.uint64
 
@@ -132,7 +132,9 @@ def _over_workgroup(counter, access, alone, issued):
     there instead, before anything is done (but what a fault, which ends the
     launch anyway, leaves): the machine runs it a workgroup at a time, and so
     it does at once for every later batch of several workgroups (the operand the
-    workgroups disagreed on, a base address mostly, is a workgroup's own)."""
+    workgroups disagreed on, a base address mostly, is a workgroup's own). So
+    does a state.Gathered of one workgroup's waves (its registers are a copy
+    that `alone` would not write), without the later batches."""
     split = []  # not empty once a batch of several workgroups had to split
 
     def run(w):
@@ -148,6 +150,8 @@ def _over_workgroup(counter, access, alone, issued):
         except (_PerWave, EmulatorError):
             if w.group is None:
                 split.append(True)
+                raise ByWorkgroup from None
+            if type(w) is Gathered:
                 raise ByWorkgroup from None
             for v in waves:
                 alone(v)
@@ -173,15 +177,21 @@ def agreed(value):
     return value
 
 
-def agreed_sgprs(w, first: int, count: int) -> list[int]:
-    """SGPRs first..first+count-1 of a wave, or those a Batch's waves agree on (else
-    _PerWave): agreed(w.s[i]) for each, in one pass over the waves."""
+def _by_lane(value):
+    """An int, or a per-lane value [lanes] as a column [lanes, 1] (against [lanes, elements])."""
+    return value if type(value) is int else value[:, None]
+
+
+def lane_sgprs(w, first: int, count: int) -> list:
+    """SGPRs first..first+count-1 of a wave, or of a Batch's waves: each the int
+    they agree on, else int64 [active lanes], each lane's own wave's."""
     if w.waves is None:
         return w.s[first:first + count]
     values = w.waves[0].s[first:first + count]
-    if any(v.s[first:first + count] != values for v in w.waves):
-        raise _PerWave
-    return values
+    if all(v.s[first:first + count] == values for v in w.waves):
+        return values
+    columns = np.array([v.s[first:first + count] for v in w.waves], np.int64)[owners(w)]
+    return [value if (columns[:, i] == value).all() else columns[:, i] for i, value in enumerate(values)]
 
 
 def owners(w):
@@ -283,10 +293,15 @@ def _global_address(ins, ctx, segment, operands, offset):
         return address64
     base = ctx.scalar_reader(saddr, 64, ins)
     row = ctx.vector_row(vaddr, 1, ins)
+    after = U64(offset & (2**64 - 1))
 
     def address_sbase(w):
-        lanes = w.r[row] if w.full else w.r[row, w.mask]
-        return lanes.reshape(-1).astype(U64) + U64((agreed(base(w)) + offset) & (2**64 - 1))
+        lanes = (w.r[row] if w.full else w.r[row, w.mask]).reshape(-1).astype(U64)
+        sbase = base(w)
+        if type(sbase) is int:
+            return lanes + U64((sbase + offset) & (2**64 - 1))
+        # a batch whose waves' bases differ ([waves, 1]): each lane its own wave's
+        return lanes + (sbase[:, 0] + after)[owners(w)]
     return address_sbase
 
 
@@ -358,7 +373,8 @@ def decode_buffer(ins, ctx):
         lie wholly in range (None: all), and only when some lane's access is partly
         in range (addresses [lanes, count], in-range [lanes, count]) of each
         element, else None)."""
-        word0, word1, records = agreed_sgprs(w, s0, 3)
+        # ints, or int64 [lanes] where a batch's waves differ (each lane its own wave's V#)
+        word0, word1, records = lane_sgprs(w, s0, 3)
         base = word0 | ((word1 & 0xFFFF) << 32)
         stride = (word1 >> 16) & 0x3FFF
         sgpr_offset = agreed(soffset(w))
@@ -371,12 +387,13 @@ def decode_buffer(ins, ctx):
         else:
             starts = voffset if offen else np.zeros(w.mask.size if w.full else np.count_nonzero(w.mask), np.int64)
             lane_ok = None
-        end = None if idxen else starts.max() + inst_offset + element * count
-        if sgpr_offset and end is not None and end + sgpr_offset > records:
+        # each lane's end, or (one V#) the last one's
+        end = None if idxen else (starts.max() if type(records) is int else starts) + inst_offset + element * count
+        if sgpr_offset and end is not None and (end + sgpr_offset > records).any():
             # whether soffset takes part in the range check is not pinned down
             raise UnsupportedInstruction(f"buffer range check with a nonzero soffset ({sgpr_offset}) "
                                          f"is not modelled ({ins.where()}, {w.name})")
-        if lane_ok.all() if idxen else end <= records:
+        if lane_ok.all() if idxen else (end <= records).all():
             return (starts + start).astype(U64), None, None
         if idxen:  # a lane's elements are all in range or all out
             return (starts + start).astype(U64), lane_ok, None
@@ -384,8 +401,8 @@ def decode_buffer(ins, ctx):
         if (whole == (starts + (inst_offset + element) <= records)).all():  # so is its first: all or none
             return (starts + start).astype(U64), whole, None
         offsets = starts[:, None] + element * np.arange(count)
-        return (starts + start).astype(U64), whole, ((offsets + start).astype(U64),
-                                                     offsets + inst_offset + element <= records)
+        return (starts + start).astype(U64), whole, ((offsets + _by_lane(start)).astype(U64),
+                                                     offsets + inst_offset + element <= _by_lane(records))
 
     if op == "atomic":
         return _buffer_atomic(ins, ctx, suffix, data_op, locate, counter)
@@ -528,9 +545,10 @@ def scalar_bits(op) -> int:
 
 
 def _lds_addresses(w, row, offset, size, ins):
-    """int64 LDS byte addresses of the active lanes, checked for range and alignment."""
+    """int64 LDS byte addresses of the active lanes, checked for range and alignment
+    (each in its own workgroup's LDS)."""
     addresses = active(w, w.r[row]).astype(np.int64) + offset  # never negative
-    lds = w.group.lds
+    lds = (w.group or w.waves[0].group).lds  # a batch's workgroups have LDS of one size
     if addresses.size and addresses.max() + size > lds.size:
         bad = int(addresses[np.argmax(addresses + size > lds.size)])
         raise MemoryFault(f"LDS address {bad} (+{size} bytes) outside the workgroup's "
@@ -542,14 +560,24 @@ def _lds_addresses(w, row, offset, size, ins):
     return addresses
 
 
-def _lds_cells(lds: np.ndarray, addresses: np.ndarray, size: int):
-    """(`lds` as an array of cells, the cells [lanes, per lane] a `size`-byte access
-    at each byte address covers): dwords when size is a multiple of 4 (then
-    _lds_addresses checked them dword-aligned), else bytes."""
+def _lds_space(w, addresses: np.ndarray):
+    """(the launch's LDS, state.Grid.lds_cells, the active lanes' `addresses` as
+    positions in it): each lane's in its own workgroup's row."""
+    group = w.group
+    if group is not None:
+        return group.lds_cells, addresses + group.lds_base
+    bases = np.array([v.group.lds_base for v in w.waves], np.int64)
+    return w.waves[0].group.lds_cells, addresses + bases[owners(w)]
+
+
+def _lds_cells(space, positions: np.ndarray, size: int):
+    """(the launch's LDS `space` (bytes, dwords) as an array of cells, the cells
+    [lanes, per lane] a `size`-byte access at each byte position covers): dwords
+    when size is a multiple of 4 (then _lds_addresses checked them dword-aligned,
+    and a workgroup's row starts at a multiple of 16), else bytes."""
     if size % 4:
-        return lds, addresses[:, None] + _SPANS[size]
-    words = lds.view("<u4") if not lds.size & 3 else lds[:lds.size & ~3].view("<u4")
-    return words, ((addresses >> 2)[:, None] + _SPANS[size >> 2] if size > 4 else (addresses >> 2)[:, None])
+        return space[0], positions[:, None] + _SPANS[size]
+    return space[1], ((positions >> 2)[:, None] + _SPANS[size >> 2] if size > 4 else (positions >> 2)[:, None])
 
 
 def _span(n: int) -> np.ndarray:
@@ -561,9 +589,10 @@ def _span(n: int) -> np.ndarray:
 _SPANS = [_span(n) for n in range(17)]  # the cells an access covers, by count (shared: read-only)
 
 
-def _lds_rows(lds: np.ndarray, addresses: np.ndarray, size: int) -> np.ndarray:
-    """uint8 [lanes, size] of `lds` at byte `addresses` (checked by _lds_addresses)."""
-    cells, where = _lds_cells(lds, addresses, size)
+def _lds_rows(w, addresses: np.ndarray, size: int) -> np.ndarray:
+    """uint8 [lanes, size] of the LDS of `w`'s workgroup(s) at byte `addresses` (checked
+    by _lds_addresses)."""
+    cells, where = _lds_cells(*_lds_space(w, addresses), size)
     return cells[where].view(np.uint8)
 
 
@@ -581,27 +610,48 @@ def decode_ds(ins, ctx):
 
 
 def _over_waves(run, drains: bool = True):
-    """An LDS read, store or cross-lane op that a Batch (state.Batch) runs once,
-    as one access in wave order: `run` takes a wave or a batch. A batch whose
-    later waves still have LDS stores to perform runs a read (`drains`) wave by
-    wave (each performs its own before its access: performing them all first
-    would show them to the earlier waves' reads, kinder than wave by wave), and so
-    does one with an access out of range (the error names the wave)."""
+    """An LDS read, store or cross-lane op that a Batch (state.Batch, of one
+    workgroup's waves or of several workgroups', each addressing its own LDS)
+    runs once, as one access in wave order: `run` takes a wave or a batch. A
+    batch where a wave other than its workgroup's first in it still has LDS
+    stores to perform runs a read (`drains`) wave by wave (each performs its own
+    before its access: performing them all first would show them to the earlier
+    waves' reads, kinder than wave by wave), and so does one with an access out
+    of range (the error names the wave); a batch of several workgroups' waves,
+    or a state.Gathered (its registers are a copy), raises ByWorkgroup there
+    instead, before anything but such a first wave's own earlier stores is
+    performed: the machine runs it a workgroup at a time."""
     def each(w):
         waves = w.waves
         if waves is None:
             return run(w)
-        if drains and any(v.lds_unperformed for v in waves[1:]):
+        if drains and any(v.lds_unperformed and not first for v, first in zip(waves, _firsts(w))):
+            if w.group is None or type(w) is Gathered:
+                raise ByWorkgroup
             for v in waves:
                 run(v)
             return
         try:
             run(w)
         except MemoryFault:
+            if w.group is None or type(w) is Gathered:
+                raise ByWorkgroup from None
             for v in waves:
                 run(v)
     each.batchable = True
     return each
+
+
+def _firsts(w) -> list[bool]:
+    """Whether each wave of a batch is the first of its workgroup in it."""
+    if w.group is not None:
+        return [True] + [False] * (len(w.waves) - 1)
+    before = None
+    firsts = []
+    for v in w.waves:
+        firsts.append(v.group is not before)
+        before = v.group
+    return firsts
 
 
 def _issue_lds(w, ins, dst: int, masked: bool = True) -> None:
@@ -634,16 +684,19 @@ def _ds_move(ins, ctx, op, suffix):
         dst_bits = row_bits(data_rows[0], registers(size) * len(offsets))
 
         def lds_load(w):
-            first = w.waves[0] if w.waves else w
-            if w is first and not w.exec:
-                inflight.issue_lds(w, ins)
-                return
-            if first.lds_unperformed and first.exec:
-                inflight.drain_lds(first)
-            lds = w.group.lds
+            if w.waves is None:
+                if not w.exec:
+                    inflight.issue_lds(w, ins)
+                    return
+                if w.lds_unperformed:
+                    inflight.drain_lds(w)
+            else:  # each workgroup's first wave in the batch (_over_waves: the others have none)
+                for v, first in zip(w.waves, _firsts(w)):
+                    if first and v.lds_unperformed and v.exec:
+                        inflight.drain_lds(v)
             # Both halves of a read2 are read before either is written: the
             # destination may overlap the address register.
-            data = [_lds_rows(lds, _lds_addresses(w, addr_row, offset, size, ins), size) for offset in offsets]
+            data = [_lds_rows(w, _lds_addresses(w, addr_row, offset, size, ins), size) for offset in offsets]
             for row, values in zip(data_rows, data):
                 load_lanes(w, row, values, kind)
                 stats.lds_read += values.size
@@ -654,8 +707,7 @@ def _ds_move(ins, ctx, op, suffix):
         if w.waves is None and not w.exec:
             inflight.issue_lds(w, ins)
             return
-        lds = w.group.lds
-        writes = [_lds_write(lds, _lds_addresses(w, addr_row, offset, size, ins), store_bytes(w, row, size, kind))
+        writes = [_lds_write(w, _lds_addresses(w, addr_row, offset, size, ins), store_bytes(w, row, size, kind))
                   for row, offset in zip(data_rows, offsets)]
         if w.waves is None:
             inflight.issue_lds_store(w, ins, ctx.mem, _write_lds, (writes, stats))
@@ -673,10 +725,11 @@ def _ds_move(ins, ctx, op, suffix):
     return lds_store
 
 
-def _lds_write(lds: np.ndarray, addresses: np.ndarray, data: np.ndarray):
-    """A store of uint8 data [lanes, size] at LDS byte `addresses` as _write_lds
-    takes it: (cells, which of them [lanes, per lane], their values)."""
-    cells, where = _lds_cells(lds, addresses, data.shape[1])
+def _lds_write(w, addresses: np.ndarray, data: np.ndarray):
+    """A store of uint8 data [lanes, size] at LDS byte `addresses` of `w`'s
+    workgroup(s) as _write_lds takes it: (cells, which of them [lanes, per lane],
+    their values)."""
+    cells, where = _lds_cells(*_lds_space(w, addresses), data.shape[1])
     return cells, where, data.view(cells.dtype)
 
 

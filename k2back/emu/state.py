@@ -136,12 +136,20 @@ def exec_state(value: int) -> tuple[int, bool, np.ndarray]:
 class Grid:
     """The vector registers of every wave of a launch, one array [waves, registers,
     64] in the workgroups' scheduling order, so that a run of waves at the same
-    instruction, of one workgroup or of several, executes it once (Batch)."""
+    instruction, of one workgroup or of several, executes it once (Batch); and
+    the LDS of every workgroup, one array [workgroups, bytes] (`lds`, a row
+    each, `lds_cells`: the whole as bytes and as dwords), so that an LDS
+    instruction of several workgroups' waves executes once too, each lane
+    addressing its own workgroup's row (memops.py)."""
 
-    __slots__ = ("batches", "registers", "rows", "waves")
+    __slots__ = ("batches", "lds", "lds_cells", "registers", "rows", "waves")
 
-    def __init__(self, waves: int, vector_registers: int):
+    def __init__(self, waves: int, vector_registers: int, workgroups: int = 1, lds_bytes: int = 0):
         self.registers = np.zeros((waves, vector_registers, LANES), dtype=np.uint32)
+        # rows a multiple of 16 bytes apart: a dword cell never straddles two workgroups
+        self.lds = np.zeros((workgroups, -(-max(lds_bytes, 4) // 16) * 16), dtype=np.uint8)
+        flat = self.lds.reshape(-1)
+        self.lds_cells = (flat, flat.view("<u4"))
         self.waves: list[Wave] = []  # by slot
         self.batches = {}  # (first slot, last slot + 1) -> Batch
         # each wave's registers seen as u32, f32 and i32 lanes, in slot order (made in bulk)
@@ -164,9 +172,11 @@ class Grid:
 
 
 class Workgroup:
-    """Its waves' vector registers are consecutive rows of the launch's Grid."""
+    """Its waves' vector registers are consecutive rows of the launch's Grid, its
+    LDS (`lds`, `lds_bytes` of them) a row of the Grid's LDS, `lds_base` bytes
+    into Grid.lds_cells."""
 
-    __slots__ = ("arrived", "cu", "exec_epoch", "id", "index", "lds", "waves")
+    __slots__ = ("arrived", "cu", "exec_epoch", "id", "index", "lds", "lds_base", "lds_cells", "waves")
 
     def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int, cu, grid: Grid,
                  execs: list[tuple], sgprs: list[int]):
@@ -175,8 +185,10 @@ class Workgroup:
         self.index = index
         self.cu = cu  # its compute unit's caches (coherence.Cu)
         self.id = group_id
-        self.lds = np.zeros(max(lds_bytes, 4), dtype=np.uint8)
         first = len(grid.waves)
+        row = first // len(execs)  # workgroups before it in the grid
+        self.lds = grid.lds[row, :max(lds_bytes, 4)]
+        self.lds_base, self.lds_cells = row * grid.lds.shape[1], grid.lds_cells
         self.exec_epoch = 0  # counts exec writes of its waves (Batch.read_exec)
         self.waves: list[Wave] = [Wave(self, i, first + i, rows, exec_mask, sgprs)
                                   for i, (exec_mask, rows) in enumerate(zip(execs, grid.rows))]
@@ -187,11 +199,11 @@ class Workgroup:
 class Batch:
     """The waves in slots first..stop-1 of a launch (of one workgroup or of several
     consecutive ones), all at the same instruction, seen as one wave of [waves,
-    64] lanes by a VALU, MFMA or LDS closure: vector registers are views [register,
+    64] lanes by a VALU, MFMA, LDS or vector memory closure: vector registers are views [register,
     wave, lane] of the launch's array, the exec mask is [waves, 64], and an SGPR
     reads as an int when the waves agree on it, else as a column [waves, 1]; a mask
     destination is written wave by wave (operands.vector_writer). `group` is its
-    workgroup, None when it spans several (LDS closures get one-workgroup batches)."""
+    workgroup, None when it spans several."""
 
     __slots__ = ("all_lanes", "epoch", "f", "full", "group", "groups", "i", "mask", "r", "s", "waves")
 
@@ -232,11 +244,14 @@ class Batch:
 
 class Gathered(Batch):
     """Waves of a launch in slots that are not consecutive (e.g. waves 0-1 of each
-    workgroup of a stage), all at the same VALU or MFMA instruction, as one Batch:
-    its vector registers are a copy [register, wave, lane] (`stage`) that `run`
-    fills with the registers the instruction reads and writes, before it, and
-    copies the ones it writes back to the launch's array after it. Once per
-    instruction over the waves, instead of once per run of consecutive slots.
+    workgroup of a stage), all at the same VALU, MFMA, LDS or vector memory
+    instruction, as one Batch: its vector registers are a copy [register, wave,
+    lane] (`stage`) that `run` fills with the registers the instruction reads and
+    writes, before it, and copies the ones it writes back to the launch's array
+    after it. Once per instruction over the waves, instead of once per run of
+    consecutive slots. A closure that falls back to running wave by wave must not
+    do so on a Gathered (the waves' registers are not its copy): it raises
+    memops.ByWorkgroup, and the machine runs the runs of consecutive slots.
     Made for a cohort (machine.Machine._run_cohort) and dropped after it: kept,
     the stages of a launch's cohorts held as much memory as its registers."""
 
