@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import collections
 import functools
+from collections import deque
 
 import numpy as np
 
@@ -86,39 +86,46 @@ class Wave:
 
     waves = None  # not a Batch
 
-    def __init__(self, group, index: int, slot: int, rows, exec_state: tuple, sgprs: list[int]):
-        """`rows`: its vector registers as u32, f32 and i32 views (Grid.rows);
-        `exec_state`: its initial (exec, full, mask) (`exec_state`); `sgprs`: its
-        initial scalar file (copied)."""
+    def __init__(self, group, index: int, slot: int, r, f, i, exec_value: int, full: bool, mask,
+                 sgprs: list[int]):
+        """`r`, `f`, `i`: its vector registers as u32, f32 and i32 views (its rows of
+        the launch's Grid); `exec_value`, `full`, `mask`: its initial exec state
+        (`exec_state`); `sgprs`: its initial scalar file (copied). Waves are made by
+        the thousand (Grid.add): one assignment a field, no helper calls."""
         self.s = sgprs.copy()
-        self.r, self.f, self.i = rows  # its rows of the launch's register array (Grid)
-        self.scc = 0
-        self.pc = 0
+        self.r = r  # its rows of the launch's register array (Grid)
+        self.f = f
+        self.i = i
         self.group = group
         self.index = index  # in its workgroup
         self.slot = slot  # in the launch (Grid.waves)
-        self.done = False
-        self.waiting = False  # at a barrier
-        self.polls = 0  # s_sleep executions
-        self.sleep_rounds = 0
+        # pc; s_sleep executions; scoreboard: registers an outstanding load still writes
+        # (bit mask); stores / write-backs in `vm` not performed yet
+        self.scc = self.pc = self.polls = self.sleep_rounds = self.pending = 0
+        self.unperformed = self.lds_unperformed = 0
+        self.done = self.waiting = False  # waiting: at a barrier
         # outstanding memory instructions by counter (inflight.Op), oldest first
-        self.vm = collections.deque()  # vmcnt
-        self.lds = collections.deque()  # lgkmcnt, LDS (in order)
-        self.smem = collections.deque()  # lgkmcnt, SMEM (out of order)
-        self.pending = 0  # scoreboard: registers an outstanding load still writes (bit mask)
-        self.unperformed = 0  # stores / write-backs in `vm` not performed yet
-        self.lds_unperformed = 0
+        self.vm = deque()  # vmcnt
+        self.lds = deque()  # lgkmcnt, LDS (in order)
+        self.smem = deque()  # lgkmcnt, SMEM (out of order)
         self.last_load = None  # (lane addresses, bytes a lane) of the last vector load
         self.polled_lines = ()  # the lines it sleeps on (coherence.StrictMemory.poll)
         # (lane addresses, bytes a lane) of its L1-bypassing vector loads issued since it
         # last had no load outstanding (what a sleep polls: coherence.StrictMemory.poll)
         self.bypass_loads = []
         # as set_exec sets them (no batch of its workgroup has read a mask yet)
-        self.exec, self.full, self.mask = exec_state
+        self.exec = exec_value
+        self.full = full
+        self.mask = mask
 
     def set_exec(self, value: int) -> None:
         self.group.exec_epoch += 1  # the workgroup's batches read their masks again
-        self.exec, self.full, self.mask = exec_state(value)
+        value &= M64  # exec_state, inline (every s_*_saveexec of every wave sets it)
+        self.exec = value
+        if value == M64:
+            self.full, self.mask = True, ALL_LANES
+        else:
+            self.full, self.mask = False, int_to_mask(value)
 
     @property
     def name(self) -> str:
@@ -166,7 +173,7 @@ class Grid:
 class Workgroup:
     """Its waves' vector registers are consecutive rows of the launch's Grid."""
 
-    __slots__ = ("arrived", "cu", "exec_epoch", "id", "index", "lds", "waves")
+    __slots__ = ("arrived", "cu", "exec_epoch", "id", "index", "lds", "live", "waves")
 
     def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int, cu, grid: Grid,
                  execs: list[tuple], sgprs: list[int]):
@@ -176,11 +183,12 @@ class Workgroup:
         self.cu = cu  # its compute unit's caches (coherence.Cu)
         self.id = group_id
         self.lds = np.zeros(max(lds_bytes, 4), dtype=np.uint8)
-        first = len(grid.waves)
         self.exec_epoch = 0  # counts exec writes of its waves (Batch.read_exec)
-        self.waves: list[Wave] = [Wave(self, i, first + i, rows, exec_mask, sgprs)
-                                  for i, (exec_mask, rows) in enumerate(zip(execs, grid.rows))]
+        first = len(grid.waves)
+        self.waves: list[Wave] = [Wave(self, k, first + k, r, f, i, value, full, mask, sgprs)
+                                  for k, (value, full, mask), (r, f, i) in zip(range(len(execs)), execs, grid.rows)]
         grid.waves += self.waves
+        self.live = len(execs)  # its waves not done (s_endpgm counts them down)
         self.arrived = 0
 
 
