@@ -227,7 +227,8 @@ class Machine:
         "ideal" (one coherent memory, every access performed when issued: cheaper,
         for unit tests of instructions). `trace(wave, instruction)`, if given, is
         called after every executed instruction (a debugging aid: it makes the
-        launch several times slower). `mfma_accumulate`, `transcendental_error_seed`,
+        launch several times slower; a wave object is the launch's only while it
+        runs: later launches start it again, state.Grid.release). `mfma_accumulate`, `transcendental_error_seed`,
         `fnuz_negative_zero`: the results it picks where the hardware leaves room
         (`numerics.Options`). `timing` (True, or a timing_parts.Part to charge
         instead of the arch's): run waves in modeled time order and fill

@@ -86,13 +86,25 @@ class Wave:
 
     waves = None  # not a Batch
 
-    def __init__(self, group, index: int, slot: int, r, f, i, exec_value: int, full: bool, mask,
-                 sgprs: list[int]):
-        """`r`, `f`, `i`: its vector registers as u32, f32 and i32 views (its rows of
-        the launch's Grid); `exec_value`, `full`, `mask`: its initial exec state
-        (`exec_state`); `sgprs`: its initial scalar file (copied). Waves are made by
-        the thousand (Grid.add): one assignment a field, no helper calls."""
-        self.s = sgprs.copy()
+    def __init__(self):
+        """A wave's containers (its scalar file and counter queues); `start` gives it
+        its launch state. Made once and kept: a launch's waves, when it ended,
+        become the next launch's (`spare`), so that a grid of thousands of waves
+        neither allocates nor frees them (most of an idle grid's cost)."""
+        self.s = []
+        # outstanding memory instructions by counter (inflight.Op), oldest first
+        self.vm = deque()  # vmcnt
+        self.lds = deque()  # lgkmcnt, LDS (in order)
+        self.smem = deque()  # lgkmcnt, SMEM (out of order)
+
+    def start(self, group, index: int, slot: int, r, f, i, exec_value: int, full: bool, mask,
+              sgprs: list[int]) -> Wave:
+        """Its state at the launch's start: `r`, `f`, `i`: its vector registers as u32,
+        f32 and i32 views (its rows of the launch's Grid); `exec_value`, `full`,
+        `mask`: its initial exec state (`exec_state`); `sgprs`: its initial scalar
+        file (copied). Its counter queues are empty (`Grid.release`). One
+        assignment a field, no helper calls: waves start by the thousand."""
+        self.s[:] = sgprs
         self.r = r  # its rows of the launch's register array (Grid)
         self.f = f
         self.i = i
@@ -104,10 +116,6 @@ class Wave:
         self.scc = self.pc = self.polls = self.sleep_rounds = self.pending = 0
         self.unperformed = self.lds_unperformed = 0
         self.done = self.waiting = False  # waiting: at a barrier
-        # outstanding memory instructions by counter (inflight.Op), oldest first
-        self.vm = deque()  # vmcnt
-        self.lds = deque()  # lgkmcnt, LDS (in order)
-        self.smem = deque()  # lgkmcnt, SMEM (out of order)
         self.last_load = None  # (lane addresses, bytes a lane) of the last vector load
         self.polled_lines = ()  # the lines it sleeps on (coherence.StrictMemory.poll)
         # (lane addresses, bytes a lane) of its L1-bypassing vector loads issued since it
@@ -117,6 +125,7 @@ class Wave:
         self.exec = exec_value
         self.full = full
         self.mask = mask
+        return self
 
     def set_exec(self, value: int) -> None:
         self.group.exec_epoch += 1  # the workgroup's batches read their masks again
@@ -162,12 +171,31 @@ class Grid:
         return batch
 
     def release(self) -> None:
-        """At the launch's end: drop the references of its waves to their workgroups
-        (the cycles of its state), so that reference counting frees it at once; the
-        cycle collector would walk every wave of a big grid, costlier than the launch."""
+        """At the launch's end: its waves drop their references to the launch's state
+        (their workgroups: the cycles of its state, so that reference counting frees
+        it at once, the cycle collector would walk every wave of a big grid; their
+        registers and loads) and become spare waves (`spare`: those whose counter
+        queues are empty, as s_endpgm leaves them, up to SPARE_WAVES)."""
+        keep = []
         for w in self.waves:
-            w.group = None
+            w.group = w.r = w.f = w.i = w.last_load = w.bypass_loads = None
+            w.polled_lines = ()
+            if not (w.vm or w.lds or w.smem):
+                keep.append(w)
         self.batches.clear()
+        self.waves = []
+        _SPARE.extend(keep[:SPARE_WAVES - len(_SPARE)])
+
+
+SPARE_WAVES = 4096  # at most as many spare waves kept (Grid.release)
+_SPARE: list[Wave] = []  # waves of ended launches, started again by the next (Workgroup)
+
+
+def spare(count: int) -> list[Wave]:
+    """`count` waves to start: spare ones (of ended launches) first, then new ones."""
+    taken = _SPARE[-count:] if count <= len(_SPARE) else _SPARE[:]
+    del _SPARE[len(_SPARE) - len(taken):]
+    return taken + [Wave() for _ in range(count - len(taken))]
 
 
 class Workgroup:
@@ -185,8 +213,9 @@ class Workgroup:
         self.lds = np.zeros(max(lds_bytes, 4), dtype=np.uint8)
         self.exec_epoch = 0  # counts exec writes of its waves (Batch.read_exec)
         first = len(grid.waves)
-        self.waves: list[Wave] = [Wave(self, k, first + k, r, f, i, value, full, mask, sgprs)
-                                  for k, (value, full, mask), (r, f, i) in zip(range(len(execs)), execs, grid.rows)]
+        self.waves: list[Wave] = [w.start(self, k, first + k, r, f, i, value, full, mask, sgprs)
+                                  for k, w, (value, full, mask), (r, f, i)
+                                  in zip(range(len(execs)), spare(len(execs)), execs, grid.rows)]
         grid.waves += self.waves
         self.live = len(execs)  # its waves not done (s_endpgm counts them down)
         self.arrived = 0
