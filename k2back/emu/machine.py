@@ -578,11 +578,11 @@ class Machine:
                             budget[who] += 1
                         stopped[who] = signal
                 hits[pc] += count
-                if stops[pc]:  # a memory or synchronising instruction may issue or retire loads
-                    pending = _pending(at)
                 if stopped or performed or taken == limit:
                     pc = None
                     break
+                if stops[pc]:  # a memory or synchronising instruction may issue or retire loads
+                    pending = _pending(at)
                 pc += 1
                 if pc >= others:  # the turn's other waves are there (or lower): choose again
                     break
@@ -592,11 +592,12 @@ class Machine:
             raise _named(error, who, kernel, pc) from error
         self._batched += batched
         self._batches += batches
-        for w in at:
-            if pc is not None:
+        if pc is not None:
+            for w in at:
                 w.pc = pc
-            budget[w] -= taken
-            if not budget[w] and w not in stopped:
+        for w in at:
+            left = budget[w] = budget[w] - taken
+            if not left and w not in stopped:
                 stopped[w] = "quantum"
         return stopped, performed
 
@@ -669,11 +670,8 @@ class Machine:
             stats.bytes_written[region.name] = region.written
         stats.cache_policy = {key: cell[0] for key, cell in stats.cache_policy.items() if cell[0]}
         stats.workgroups = len(groups)
-        for g in groups:
-            for w in g.waves:
-                stats.waves += 1
-                if w.polls:
-                    stats.polls[(g.index, w.index)] = w.polls
+        stats.waves = sum(len(g.waves) for g in groups)
+        stats.polls = {(g.index, w.index): w.polls for g in groups for w in g.waves if w.polls}
 
 
 @contextlib.contextmanager
@@ -736,7 +734,10 @@ def _turns(live, wake, now):
     `now`, sleepers' wake-up rounds `wake`), inline."""
     run, key = [], None
     for g in live:
-        mine = [-1 if w.done or w.waiting or wake.get(w, 0) > now else w.pc for w in g.waves]
+        if wake:
+            mine = [-1 if w.done or w.waiting or wake.get(w, 0) > now else w.pc for w in g.waves]
+        else:  # no wave has slept yet
+            mine = [-1 if w.done or w.waiting else w.pc for w in g.waves]
         if mine != key and run:
             yield run[0] if len(run) == 1 else _Turn(run)
             run = []

@@ -174,12 +174,11 @@ class Grid:
         """At the launch's end: its waves drop their references to the launch's state
         (their workgroups: the cycles of its state, so that reference counting frees
         it at once, the cycle collector would walk every wave of a big grid; their
-        registers and loads) and become spare waves (`spare`: those whose counter
-        queues are empty, as s_endpgm leaves them, up to SPARE_WAVES)."""
+        registers) and become spare waves (`spare`: those whose counter queues are
+        empty, as s_endpgm leaves them, up to SPARE_WAVES)."""
         keep = []
         for w in self.waves:
-            w.group = w.r = w.f = w.i = w.last_load = w.bypass_loads = None
-            w.polled_lines = ()
+            w.group = w.r = w.f = w.i = None
             if not (w.vm or w.lds or w.smem):
                 keep.append(w)
         self.batches.clear()
