@@ -183,16 +183,18 @@ class Grid:
                 keep.append(w)
         self.batches.clear()
         self.waves = []
-        _SPARE.extend(keep[:SPARE_WAVES - len(_SPARE)])
+        _SPARE.extend(reversed(keep[:max(0, SPARE_WAVES - len(_SPARE))]))  # the first to start last
 
 
 SPARE_WAVES = 4096  # at most as many spare waves kept (Grid.release)
-_SPARE: list[Wave] = []  # waves of ended launches, started again by the next (Workgroup)
+# waves of ended launches, started again by the next (Workgroup), from the end: in
+# the order the launch they ended had them
+_SPARE: list[Wave] = []
 
 
 def spare(count: int) -> list[Wave]:
     """`count` waves to start: spare ones (of ended launches) first, then new ones."""
-    taken = _SPARE[-count:] if count <= len(_SPARE) else _SPARE[:]
+    taken = _SPARE[:-count - 1:-1]
     del _SPARE[len(_SPARE) - len(taken):]
     return taken + [Wave() for _ in range(count - len(taken))]
 
