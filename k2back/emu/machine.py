@@ -228,7 +228,8 @@ class Machine:
         "ideal" (one coherent memory, every access performed when issued: cheaper,
         for unit tests of instructions). `trace(wave, instruction)`, if given, is
         called after every executed instruction (a debugging aid: it makes the
-        launch several times slower). `mfma_accumulate`, `transcendental_error_seed`,
+        launch several times slower; a wave object is the launch's only while it
+        runs: later launches start it again, state.Grid.release). `mfma_accumulate`, `transcendental_error_seed`,
         `fnuz_negative_zero`: the results it picks where the hardware leaves room
         (`numerics.Options`). `timing` (True, or a timing_parts.Part to charge
         instead of the arch's): run waves in modeled time order and fill
@@ -347,7 +348,7 @@ class Machine:
     def _schedule(self, groups, grid, code, steps, kernel, stats: Stats, scoreboard) -> None:
         hits = self._hits = [0] * len(code)
         self._batched = self._batches = 0
-        live = [g for g in groups if not all(w.done for w in g.waves)]
+        live = [g for g in groups if g.live]
         quiet_rounds, round_number, executed = 0, 0, 0
         wake = self._wake = {}
         while live:
@@ -355,15 +356,15 @@ class Machine:
             self._progress = False
             def ready(w, now=round_number):
                 return not (w.done or w.waiting or wake.get(w, 0) > now)
-            for turn in (_turns(live, ready) if self.batching and self.batch_workgroups else live):
-                for w, ran, reason in self._run_turn(turn, grid, ready, code, steps, hits, kernel,
-                                                     scoreboard):
-                    executed += ran
-                    if reason == "sleep":
-                        wake[w] = round_number + 1 + w.sleep_rounds
-                    elif reason == "quantum":
-                        self._progress = True
-            live = [g for g in live if not all(w.done for w in g.waves)]
+            for turn in (_turns(live, wake, round_number) if self.batching and self.batch_workgroups else live):
+                for ends in self._run_turn(turn, grid, ready, code, steps, hits, kernel, scoreboard):
+                    for w, ran, reason in ends:
+                        executed += ran
+                        if reason == "sleep":
+                            wake[w] = round_number + 1 + w.sleep_rounds
+                        elif reason == "quantum":
+                            self._progress = True
+            live = [g for g in live if g.live]
             quiet_rounds = 0 if self._progress else quiet_rounds + 1
             if live and quiet_rounds > self.stall_rounds:
                 raise Deadlock(_deadlock_report(_live_waves(live), kernel, f"no progress for {quiet_rounds} "
@@ -377,8 +378,9 @@ class Machine:
     def _run_turn(self, group, grid, ready, code, steps, hits, kernel, scoreboard):
         """One round's turn of a workgroup, or of consecutive workgroups whose waves
         are at the same places (`_turns`: they run as one, `group` has their waves):
-        each wave that is `ready` runs up to a quantum; yields (wave, instructions
-        run, why it stopped).
+        each wave that is `ready` runs up to a quantum; yields lists of (wave,
+        instructions run, why it stopped), in the order the waves stopped (a list:
+        the waves that stopped at one step of the turn, handed over at once).
 
         This is where the machine picks what runs next. Wave by wave, in order,
         when `batching` is off (a trace turns it off), or while fewer than two
@@ -401,23 +403,30 @@ class Machine:
         if not self.batching:
             for w in group.waves:
                 if ready(w):
-                    yield w, *self._run_quantum(w, code, hits, kernel, scoreboard, self.quantum)
+                    yield [(w, *self._run_quantum(w, code, hits, kernel, scoreboard, self.quantum))]
             return
-        budget, granted, turn, going = {}, {}, [], []
+        budget, granted, turn, going, fresh = {}, {}, [], [], []
         for g in group.groups if type(group) is _Turn else (group,):
-            mine = yield from self._run_alone(g, budget, granted, ready, code, hits, kernel, scoreboard)
+            mine = [w for w in g.waves if ready(w)]
+            if len(mine) == 1:  # it runs alone while no other wave of its workgroup is ready
+                mine = yield from self._run_alone(g, mine, budget, granted, ready, code, hits, kernel, scoreboard)
+            else:
+                fresh += mine  # each a quantum (granted below, in one go)
             if mine:
                 turn += mine
                 going.append(g)
+        if fresh:
+            budget.update(dict.fromkeys(fresh, self.quantum))
+            granted.update(dict.fromkeys(fresh, self.quantum))
         if going:
             yield from self._run_together(going[0] if len(going) == 1 else _Turn(going), turn, budget, granted,
                                           grid, ready, code, steps, hits, kernel, scoreboard)
 
-    def _run_alone(self, group, budget, granted, ready, code, hits, kernel, scoreboard):
+    def _run_alone(self, group, turn, budget, granted, ready, code, hits, kernel, scoreboard):
         """The start of a workgroup's turn while fewer than two of its waves are
-        ready (`_run_turn`); returns the waves that run on together, with their
-        quanta in `budget` and `granted`."""
-        turn, alone, ran = [w for w in group.waves if ready(w)], [], 0
+        ready (`_run_turn`; `turn`: the one that is); returns the waves that run on
+        together, with their quanta in `budget` and `granted`."""
+        alone, ran = [], 0
         while len(turn) == 1:
             w = turn[0]
             ran, reason = self._run_quantum(w, code, hits, kernel, scoreboard, self.quantum)
@@ -426,7 +435,7 @@ class Machine:
                 if len(turn) > 1:
                     break
             alone.append(w)
-            yield w, ran, reason
+            yield [(w, ran, reason)]
             turn, ran = [v for v in group.waves if v.slot > w.slot and ready(v)], 0
         budget.update(dict.fromkeys(alone, 0))  # those waves had their turn
         budget.update(dict.fromkeys(turn, self.quantum))
@@ -461,10 +470,11 @@ class Machine:
                             stopped[w] = reason
                 ended |= performed
                 stopped.update((w, "yield") for w in turn if w.group in performed and w not in stopped)
+            if not stopped:
+                continue
             self._catch_up(stopped, turn, budget, granted, ended)
-            for w, reason in stopped.items():
-                yield w, granted[w] - budget[w], reason
             if stopped:
+                yield [(w, granted[w] - budget[w], reason) for w, reason in stopped.items()]
                 turn = [w for w in turn if w not in stopped]
             if stopped and not performed:  # a barrier released, a sleeper woken
                 joining = [w for w in group.waves if w not in budget and w.group not in ended and ready(w)]
@@ -479,12 +489,16 @@ class Machine:
         again (else a wave that fell behind, e.g. while it polled, stays behind:
         each turn it and they run a quantum each, apart). Not in a workgroup whose
         turn `ended`."""
+        quantum = self.quantum
+        behind = [w for w, reason in stopped.items()
+                  if reason == "quantum" and granted[w] == quantum and w.group not in ended]
+        if not behind:
+            return
         ahead = max((w.pc for w in turn if w not in stopped and w.group not in ended), default=-1)
-        for w, reason in list(stopped.items()):
-            if (reason == "quantum" and granted[w] == self.quantum and w.pc <= ahead
-                    and w.group not in ended):
-                budget[w] += self.quantum
-                granted[w] += self.quantum
+        for w in behind:
+            if w.pc <= ahead:
+                budget[w] += quantum
+                granted[w] += quantum
                 del stopped[w]
 
     def _run_cohort(self, grid, at, pc, others, budget, code, steps, hits, kernel, scoreboard):
@@ -499,7 +513,7 @@ class Machine:
         count = len(at)
         runs = None  # its batches (runs of consecutive slots), made at first need
         gathered = None  # [state.Gathered of all `at`] for GATHERED_CLASSES steps, made at first need
-        limit = min(budget[w] for w in at)  # steps before the first wave's quantum ends
+        limit = min(map(budget.__getitem__, at))  # steps before the first wave's quantum ends
         pending = _pending(at)
         stopped, performed, taken, batched, batches = {}, set(), 0, 0, 0
         who = at[0]
@@ -562,11 +576,11 @@ class Machine:
                             budget[who] += 1
                         stopped[who] = signal
                 hits[pc] += count
-                if stops[pc]:  # a memory or synchronising instruction may issue or retire loads
-                    pending = _pending(at)
                 if stopped or performed or taken == limit:
                     pc = None
                     break
+                if stops[pc]:  # a memory or synchronising instruction may issue or retire loads
+                    pending = _pending(at)
                 pc += 1
                 if pc >= others:  # the turn's other waves are there (or lower): choose again
                     break
@@ -576,11 +590,12 @@ class Machine:
             raise _named(error, who, kernel, pc) from error
         self._batched += batched
         self._batches += batches
-        for w in at:
-            if pc is not None:
+        if pc is not None:
+            for w in at:
                 w.pc = pc
-            budget[w] -= taken
-            if not budget[w] and w not in stopped:
+        for w in at:
+            left = budget[w] = budget[w] - taken
+            if not left and w not in stopped:
                 stopped[w] = "quantum"
         return stopped, performed
 
@@ -653,11 +668,8 @@ class Machine:
             stats.bytes_written[region.name] = region.written
         stats.cache_policy = {key: cell[0] for key, cell in stats.cache_policy.items() if cell[0]}
         stats.workgroups = len(groups)
-        for g in groups:
-            for w in g.waves:
-                stats.waves += 1
-                if w.polls:
-                    stats.polls[(g.index, w.index)] = w.polls
+        stats.waves = sum(len(g.waves) for g in groups)
+        stats.polls = {(g.index, w.index): w.polls for g in groups for w in g.waves if w.polls}
 
 
 @contextlib.contextmanager
@@ -689,6 +701,9 @@ def _named(error, w, kernel, pc: int) -> EmulatorError:
 def _contiguous(grid, waves, by_group: bool = False) -> list:
     """`waves` (in slot order) as one state.Batch per run of consecutive slots (of
     one workgroup if `by_group`), a lone wave as itself."""
+    first, last = waves[0], waves[-1]
+    if last.slot - first.slot == len(waves) - 1 and (not by_group or first.group is last.group):
+        return [grid.batch(first.slot, last.slot + 1) if len(waves) > 1 else first]  # one run (slots ascend)
     runs, first = [], 0
     for k in range(1, len(waves) + 1):
         if (k == len(waves) or waves[k].slot != waves[k - 1].slot + 1
@@ -709,14 +724,18 @@ class _Turn:
         self.waves = [w for g in groups for w in g.waves]
 
 
-def _turns(live, ready):
+def _turns(live, wake, now):
     """The round's turns: each workgroup of `live` in order, where consecutive ones
     whose waves are ready at the same PCs (the workgroups of a stage, mostly) take
     one turn together, so that their waves run in lock-step and a VALU, MFMA, LDS
-    or vector memory instruction once for all of them."""
+    or vector memory instruction once for all of them. Ready: as Machine._schedule's
+    `ready` (round `now`, sleepers' wake-up rounds `wake`), inline."""
     run, key = [], None
     for g in live:
-        mine = tuple(w.pc if ready(w) else -1 for w in g.waves)
+        if wake:
+            mine = [-1 if w.done or w.waiting or wake.get(w, 0) > now else w.pc for w in g.waves]
+        else:  # no wave has slept yet
+            mine = [-1 if w.done or w.waiting else w.pc for w in g.waves]
         if mine != key and run:
             yield run[0] if len(run) == 1 else _Turn(run)
             run = []
@@ -865,9 +884,11 @@ def decode_control(ins, ctx):
             if w.polled_lines:
                 ctx.mem.unpoll(w)
             w.done = True
+            group = w.group
+            group.live -= 1
             machine._progress = True  # ctx.progress(), inline: every wave ends here
-            if w.group.arrived:  # its other waves wait at a barrier
-                _release_if_complete(w.group, ctx)
+            if group.arrived:  # its other waves wait at a barrier
+                _release_if_complete(group, ctx)
             return "end"
         return end
     raise UnsupportedInstruction(f"{name} not implemented ({ins.where()})")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import collections
 import functools
+from collections import deque
 
 import numpy as np
 
@@ -86,39 +86,55 @@ class Wave:
 
     waves = None  # not a Batch
 
-    def __init__(self, group, index: int, slot: int, rows, exec_state: tuple, sgprs: list[int]):
-        """`rows`: its vector registers as u32, f32 and i32 views (Grid.rows);
-        `exec_state`: its initial (exec, full, mask) (`exec_state`); `sgprs`: its
-        initial scalar file (copied)."""
-        self.s = sgprs.copy()
-        self.r, self.f, self.i = rows  # its rows of the launch's register array (Grid)
-        self.scc = 0
-        self.pc = 0
+    def __init__(self):
+        """A wave's containers (its scalar file and counter queues); `start` gives it
+        its launch state. Made once and kept: a launch's waves, when it ended,
+        become the next launch's (`spare`), so that a grid of thousands of waves
+        neither allocates nor frees them (most of an idle grid's cost)."""
+        self.s = []
+        # outstanding memory instructions by counter (inflight.Op), oldest first
+        self.vm = deque()  # vmcnt
+        self.lds = deque()  # lgkmcnt, LDS (in order)
+        self.smem = deque()  # lgkmcnt, SMEM (out of order)
+
+    def start(self, group, index: int, slot: int, r, f, i, exec_value: int, full: bool, mask,
+              sgprs: list[int]) -> Wave:
+        """Its state at the launch's start: `r`, `f`, `i`: its vector registers as u32,
+        f32 and i32 views (its rows of the launch's Grid); `exec_value`, `full`,
+        `mask`: its initial exec state (`exec_state`); `sgprs`: its initial scalar
+        file (copied). Its counter queues are empty (`Grid.release`). One
+        assignment a field, no helper calls: waves start by the thousand."""
+        self.s[:] = sgprs
+        self.r = r  # its rows of the launch's register array (Grid)
+        self.f = f
+        self.i = i
         self.group = group
         self.index = index  # in its workgroup
         self.slot = slot  # in the launch (Grid.waves)
-        self.done = False
-        self.waiting = False  # at a barrier
-        self.polls = 0  # s_sleep executions
-        self.sleep_rounds = 0
-        # outstanding memory instructions by counter (inflight.Op), oldest first
-        self.vm = collections.deque()  # vmcnt
-        self.lds = collections.deque()  # lgkmcnt, LDS (in order)
-        self.smem = collections.deque()  # lgkmcnt, SMEM (out of order)
-        self.pending = 0  # scoreboard: registers an outstanding load still writes (bit mask)
-        self.unperformed = 0  # stores / write-backs in `vm` not performed yet
-        self.lds_unperformed = 0
+        # pc; s_sleep executions; scoreboard: registers an outstanding load still writes
+        # (bit mask); stores / write-backs in `vm` not performed yet
+        self.scc = self.pc = self.polls = self.sleep_rounds = self.pending = 0
+        self.unperformed = self.lds_unperformed = 0
+        self.done = self.waiting = False  # waiting: at a barrier
         self.last_load = None  # (lane addresses, bytes a lane) of the last vector load
         self.polled_lines = ()  # the lines it sleeps on (coherence.StrictMemory.poll)
         # (lane addresses, bytes a lane) of its L1-bypassing vector loads issued since it
         # last had no load outstanding (what a sleep polls: coherence.StrictMemory.poll)
         self.bypass_loads = []
         # as set_exec sets them (no batch of its workgroup has read a mask yet)
-        self.exec, self.full, self.mask = exec_state
+        self.exec = exec_value
+        self.full = full
+        self.mask = mask
+        return self
 
     def set_exec(self, value: int) -> None:
         self.group.exec_epoch += 1  # the workgroup's batches read their masks again
-        self.exec, self.full, self.mask = exec_state(value)
+        value &= M64  # exec_state, inline (every s_*_saveexec of every wave sets it)
+        self.exec = value
+        if value == M64:
+            self.full, self.mask = True, ALL_LANES
+        else:
+            self.full, self.mask = False, int_to_mask(value)
 
     @property
     def name(self) -> str:
@@ -163,12 +179,32 @@ class Grid:
         return batch
 
     def release(self) -> None:
-        """At the launch's end: drop the references of its waves to their workgroups
-        (the cycles of its state), so that reference counting frees it at once; the
-        cycle collector would walk every wave of a big grid, costlier than the launch."""
+        """At the launch's end: its waves drop their references to the launch's state
+        (their workgroups: the cycles of its state, so that reference counting frees
+        it at once, the cycle collector would walk every wave of a big grid; their
+        registers) and become spare waves (`spare`: those whose counter queues are
+        empty, as s_endpgm leaves them, up to SPARE_WAVES)."""
+        keep = []
         for w in self.waves:
-            w.group = None
+            w.group = w.r = w.f = w.i = None
+            if not (w.vm or w.lds or w.smem):
+                keep.append(w)
         self.batches.clear()
+        self.waves = []
+        _SPARE.extend(reversed(keep[:max(0, SPARE_WAVES - len(_SPARE))]))  # the first to start last
+
+
+SPARE_WAVES = 4096  # at most as many spare waves kept (Grid.release)
+# waves of ended launches, started again by the next (Workgroup), from the end: in
+# the order the launch they ended had them
+_SPARE: list[Wave] = []
+
+
+def spare(count: int) -> list[Wave]:
+    """`count` waves to start: spare ones (of ended launches) first, then new ones."""
+    taken = _SPARE[:-count - 1:-1]
+    del _SPARE[len(_SPARE) - len(taken):]
+    return taken + [Wave() for _ in range(count - len(taken))]
 
 
 class Workgroup:
@@ -176,7 +212,8 @@ class Workgroup:
     LDS (`lds`, `lds_bytes` of them) a row of the Grid's LDS, `lds_base` bytes
     into Grid.lds_cells."""
 
-    __slots__ = ("arrived", "cu", "exec_epoch", "id", "index", "lds", "lds_base", "lds_cells", "waves")
+    __slots__ = ("arrived", "cu", "exec_epoch", "id", "index", "lds", "lds_base", "lds_cells", "live",
+                 "waves")
 
     def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int, cu, grid: Grid,
                  execs: list[tuple], sgprs: list[int]):
@@ -190,9 +227,11 @@ class Workgroup:
         self.lds = grid.lds[row, :max(lds_bytes, 4)]
         self.lds_base, self.lds_cells = row * grid.lds.shape[1], grid.lds_cells
         self.exec_epoch = 0  # counts exec writes of its waves (Batch.read_exec)
-        self.waves: list[Wave] = [Wave(self, i, first + i, rows, exec_mask, sgprs)
-                                  for i, (exec_mask, rows) in enumerate(zip(execs, grid.rows))]
+        self.waves: list[Wave] = [w.start(self, k, first + k, r, f, i, value, full, mask, sgprs)
+                                  for k, w, (value, full, mask), (r, f, i)
+                                  in zip(range(len(execs)), spare(len(execs)), execs, grid.rows)]
         grid.waves += self.waves
+        self.live = len(execs)  # its waves not done (s_endpgm counts them down)
         self.arrived = 0
 
 
