@@ -180,11 +180,10 @@ def test_an_lds_read_out_of_range_in_a_batch_of_workgroups_names_its_wave(arch, 
 def test_each_workgroups_lds_is_its_own_row_of_the_grids():
     """A workgroup's LDS is its row of state.Grid.lds (as bytes and dwords in
     Grid.lds_cells from lds_base), rows 16-byte aligned, each its own size."""
-    from k2back.emu.state import Grid, Workgroup, exec_state
+    from k2back.emu.state import Grid, exec_state
 
     grid = Grid(6, 4, workgroups=3, lds_bytes=1030)
-    groups = [Workgroup(i, (i, 0, 0), 1030, None, grid, [exec_state(2**64 - 1)] * 2, [0] * 128)
-              for i in range(3)]
+    groups = grid.start([(i, (i, 0, 0), None, [0] * 128) for i in range(3)], [exec_state(2**64 - 1)] * 2, 1030)
     flat, words = grid.lds_cells
     for i, g in enumerate(groups):
         assert g.lds.size == 1030 and g.lds_base % 16 == 0

@@ -55,7 +55,7 @@ from .memops import ByWorkgroup, decode_buffer, decode_ds, decode_global, decode
 from .memory import GlobalMemory
 from .operands import parse, scalar_reader, scalar_writer
 from .salu import decode_branch, decode_sop
-from .state import LANES, M64, SGPR_SLOTS, Gathered, Grid, Workgroup, exec_state, row_spans
+from .state import LANES, M64, SGPR_SLOTS, Gathered, Grid, exec_state, row_spans
 from .valu import decode_valu
 
 ARCH_LDS_BYTES = {"gfx942": 64 * 1024, "gfx950": 160 * 1024}
@@ -1013,14 +1013,15 @@ class LaunchSetup:
         v0 = self._work_item_ids(d("system_vgpr_workitem_id", 0) + 1)
         execs = [exec_state(M64 >> (LANES - min(LANES, self.threads - index * LANES))) for index in range(len(v0))]
         gx, gy, _ = self.grid
-        grid, groups = Grid(len(order) * len(v0), self.vector_registers, len(order), self.lds_bytes), []
+        grid = Grid(len(order) * len(v0), self.vector_registers, len(order), self.lds_bytes)
         grid.registers[:, 0] = np.tile(v0, (len(order), 1))
         blank = [0] * (SGPR_SLOTS - len(user) - len(system))
+        axes = ["xyz".index(axis) for axis in system]
+        starts = []
         for linear in order:
             group_id = (linear % gx, (linear // gx) % gy, linear // (gx * gy))
-            sgprs = user + [group_id["xyz".index(axis)] for axis in system] + blank
-            groups.append(Workgroup(linear, group_id, self.lds_bytes, mem.cu(linear), grid, execs, sgprs))
-        return groups, grid
+            starts.append((linear, group_id, mem.cu(linear), user + [group_id[a] for a in axes] + blank))
+        return grid.start(starts, execs, self.lds_bytes), grid
 
     def _work_item_ids(self, components: int) -> np.ndarray:
         """v0 of every wave of a workgroup, [waves, 64]: gfx90a+ packs the work-item

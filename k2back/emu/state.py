@@ -87,8 +87,8 @@ class Wave:
     waves = None  # not a Batch
 
     def __init__(self):
-        """A wave's containers (its scalar file and counter queues); `start` gives it
-        its launch state. Made once and kept: a launch's waves, when it ended,
+        """A wave's containers (its scalar file and counter queues); Grid.start gives
+        it its launch state. Made once and kept: a launch's waves, when it ended,
         become the next launch's (`spare`), so that a grid of thousands of waves
         neither allocates nor frees them (most of an idle grid's cost)."""
         self.s = []
@@ -97,35 +97,19 @@ class Wave:
         self.lds = deque()  # lgkmcnt, LDS (in order)
         self.smem = deque()  # lgkmcnt, SMEM (out of order)
 
-    def start(self, group, index: int, slot: int, r, f, i, exec_value: int, full: bool, mask,
-              sgprs: list[int]) -> Wave:
-        """Its state at the launch's start: `r`, `f`, `i`: its vector registers as u32,
-        f32 and i32 views (its rows of the launch's Grid); `exec_value`, `full`,
-        `mask`: its initial exec state (`exec_state`); `sgprs`: its initial scalar
-        file (copied). Its counter queues are empty (`Grid.release`). One
-        assignment a field, no helper calls: waves start by the thousand."""
-        self.s[:] = sgprs
-        self.r = r  # its rows of the launch's register array (Grid)
-        self.f = f
-        self.i = i
-        self.group = group
-        self.index = index  # in its workgroup
-        self.slot = slot  # in the launch (Grid.waves)
-        # pc; s_sleep executions; scoreboard: registers an outstanding load still writes
-        # (bit mask); stores / write-backs in `vm` not performed yet
-        self.scc = self.pc = self.polls = self.sleep_rounds = self.pending = 0
-        self.unperformed = self.lds_unperformed = 0
-        self.done = self.waiting = False  # waiting: at a barrier
-        self.last_load = None  # (lane addresses, bytes a lane) of the last vector load
-        self.polled_lines = ()  # the lines it sleeps on (coherence.StrictMemory.poll)
-        # (lane addresses, bytes a lane) of its L1-bypassing vector loads issued since it
-        # last had no load outstanding (what a sleep polls: coherence.StrictMemory.poll)
-        self.bypass_loads = []
-        # as set_exec sets them (no batch of its workgroup has read a mask yet)
-        self.exec = exec_value
-        self.full = full
-        self.mask = mask
-        return self
+    def __getattr__(self, name: str):
+        """`r`, `f`, `i`, its vector registers as u32, f32 and i32 views (its rows of
+        the launch's Grid), made at first use: a wave that only ever runs in
+        batches (state.Batch views the Grid's rows at once) never needs them, and
+        a grid of thousands of waves would make three numpy views a wave."""
+        if name in ("r", "f", "i"):
+            group = self.group
+            if group is not None:
+                rows = group.grid.registers[self.slot]
+                self.r, self.f, self.i = rows, rows.view(np.float32), rows.view(np.int32)
+                group.grid.viewed.append(self)
+                return getattr(self, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def set_exec(self, value: int) -> None:
         self.group.exec_epoch += 1  # the workgroup's batches read their masks again
@@ -158,7 +142,7 @@ class Grid:
     instruction of several workgroups' waves executes once too, each lane
     addressing its own workgroup's row (memops.py)."""
 
-    __slots__ = ("batches", "lds", "lds_cells", "registers", "rows", "waves")
+    __slots__ = ("batches", "lds", "lds_cells", "registers", "viewed", "waves")
 
     def __init__(self, waves: int, vector_registers: int, workgroups: int = 1, lds_bytes: int = 0):
         self.registers = np.zeros((waves, vector_registers, LANES), dtype=np.uint32)
@@ -168,8 +152,53 @@ class Grid:
         self.lds_cells = (flat, flat.view("<u4"))
         self.waves: list[Wave] = []  # by slot
         self.batches = {}  # (first slot, last slot + 1) -> Batch
-        # each wave's registers seen as u32, f32 and i32 lanes, in slot order (made in bulk)
-        self.rows = zip(self.registers, self.registers.view(np.float32), self.registers.view(np.int32))
+        self.viewed: list[Wave] = []  # waves that made their register views (Wave.__getattr__)
+
+    def start(self, workgroups: list[tuple], execs: list[tuple], lds_bytes: int) -> list[Workgroup]:
+        """Start `workgroups`, (index, id, CU caches (coherence.Cu), initial scalar
+        file) each, in scheduling order, of waves with initial exec states `execs`
+        (`exec_state` of each wave's exec mask), their waves in the next slots,
+        each with `lds_bytes` of LDS (its row of `lds`). In one pass over the
+        waves, one assignment a field (a grid starts thousands): a wave's scalar
+        file is a copy of its workgroup's; its counter queues are empty
+        (`release`), its vector registers viewed at first use (Wave.__getattr__)."""
+        per, first = len(execs), len(self.waves)
+        row = first // per  # workgroups before them in the grid
+        stride, cells = self.lds.shape[1], self.lds_cells
+        waves = spare(len(workgroups) * per)
+        groups = []
+        new = Workgroup.__new__
+        slot = first
+        for (index, group_id, cu, sgprs), lds in zip(workgroups, self.lds[row:row + len(workgroups), :max(lds_bytes, 4)]):
+            g = new(Workgroup)
+            g.index, g.id, g.cu, g.grid = index, group_id, cu, self
+            g.lds, g.lds_base, g.lds_cells = lds, row * stride, cells
+            g.exec_epoch = g.arrived = 0  # exec_epoch: counts exec writes of its waves (Batch.read_exec)
+            g.live = per  # its waves not done (s_endpgm counts them down)
+            g.waves = mine = waves[slot - first:slot - first + per]
+            for k, w, (value, full, mask) in zip(range(per), mine, execs):
+                w.s[:] = sgprs
+                w.group = g
+                w.index = k  # in its workgroup
+                w.slot = slot  # in the launch (Grid.waves)
+                slot += 1
+                # pc; s_sleep executions; scoreboard: registers an outstanding load still
+                # writes (bit mask); stores / write-backs in `vm` not performed yet
+                w.scc = w.pc = w.polls = w.sleep_rounds = w.pending = w.unperformed = w.lds_unperformed = 0
+                w.done = w.waiting = False  # waiting: at a barrier
+                w.last_load = None  # (lane addresses, bytes a lane) of the last vector load
+                w.polled_lines = ()  # the lines it sleeps on (coherence.StrictMemory.poll)
+                # (lane addresses, bytes a lane) of its L1-bypassing vector loads issued since it
+                # last had no load outstanding (what a sleep polls: coherence.StrictMemory.poll)
+                w.bypass_loads = []
+                # as set_exec sets them (no batch of its workgroup has read a mask yet)
+                w.exec = value
+                w.full = full
+                w.mask = mask
+            groups.append(g)
+            row += 1
+        self.waves += waves
+        return groups
 
     def batch(self, first: int, stop: int) -> Batch:
         """The waves in slots first..stop-1 as one Batch (made once)."""
@@ -186,16 +215,19 @@ class Grid:
         empty, as s_endpgm leaves them, up to SPARE_WAVES)."""
         keep = []
         for w in self.waves:
-            w.group = w.r = w.f = w.i = None
+            w.group = None
             if not (w.vm or w.lds or w.smem):
                 keep.append(w)
+        for w in self.viewed:
+            del w.r, w.f, w.i
+        self.viewed = []
         self.batches.clear()
         self.waves = []
         _SPARE.extend(reversed(keep[:max(0, SPARE_WAVES - len(_SPARE))]))  # the first to start last
 
 
 SPARE_WAVES = 4096  # at most as many spare waves kept (Grid.release)
-# waves of ended launches, started again by the next (Workgroup), from the end: in
+# waves of ended launches, started again by the next (Grid.start), from the end: in
 # the order the launch they ended had them
 _SPARE: list[Wave] = []
 
@@ -208,31 +240,13 @@ def spare(count: int) -> list[Wave]:
 
 
 class Workgroup:
-    """Its waves' vector registers are consecutive rows of the launch's Grid, its
-    LDS (`lds`, `lds_bytes` of them) a row of the Grid's LDS, `lds_base` bytes
-    into Grid.lds_cells."""
+    """Workgroup `index` (`id`: its (x, y, z)) of a launch's `grid` (Grid.start makes
+    it): its waves' vector registers are consecutive rows of the Grid, its LDS
+    (`lds`) a row of the Grid's LDS, `lds_base` bytes into Grid.lds_cells; `cu`:
+    its compute unit's caches (coherence.Cu)."""
 
-    __slots__ = ("arrived", "cu", "exec_epoch", "id", "index", "lds", "lds_base", "lds_cells", "live",
+    __slots__ = ("arrived", "cu", "exec_epoch", "grid", "id", "index", "lds", "lds_base", "lds_cells", "live",
                  "waves")
-
-    def __init__(self, index: int, group_id: tuple[int, int, int], lds_bytes: int, cu, grid: Grid,
-                 execs: list[tuple], sgprs: list[int]):
-        """Workgroup `index` of waves with initial exec states `execs` (state.exec_state
-        of each wave's exec mask) and scalar files `sgprs`."""
-        self.index = index
-        self.cu = cu  # its compute unit's caches (coherence.Cu)
-        self.id = group_id
-        first = len(grid.waves)
-        row = first // len(execs)  # workgroups before it in the grid
-        self.lds = grid.lds[row, :max(lds_bytes, 4)]
-        self.lds_base, self.lds_cells = row * grid.lds.shape[1], grid.lds_cells
-        self.exec_epoch = 0  # counts exec writes of its waves (Batch.read_exec)
-        self.waves: list[Wave] = [w.start(self, k, first + k, r, f, i, value, full, mask, sgprs)
-                                  for k, w, (value, full, mask), (r, f, i)
-                                  in zip(range(len(execs)), spare(len(execs)), execs, grid.rows)]
-        grid.waves += self.waves
-        self.live = len(execs)  # its waves not done (s_endpgm counts them down)
-        self.arrived = 0
 
 
 class Batch:
