@@ -255,6 +255,7 @@ class Machine:
         self._clock = 0
         self._progress = False
         self._wake = {}
+        self._round = 0  # the scheduling round (_schedule)
         self.timing, self.regions = timing, regions
         self._timer = None
 
@@ -354,10 +355,12 @@ class Machine:
         while live:
             round_number += 1
             self._progress = False
+            self._round = round_number
             def ready(w, now=round_number):
                 return not (w.done or w.waiting or wake.get(w, 0) > now)
-            for turn in (_turns(live, wake, round_number) if self.batching and self.batch_workgroups else live):
-                for ends in self._run_turn(turn, grid, ready, code, steps, hits, kernel, scoreboard):
+            for turn, key in (_turns(live, wake, round_number) if self.batching and self.batch_workgroups
+                              else ((g, None) for g in live)):
+                for ends in self._run_turn(turn, key, grid, ready, code, steps, hits, kernel, scoreboard):
                     for w, ran, reason in ends:
                         executed += ran
                         if reason == "sleep":
@@ -375,9 +378,10 @@ class Machine:
         stats.rounds, stats.batched, stats.batches = round_number, self._batched, self._batches
         self._clock += executed
 
-    def _run_turn(self, group, grid, ready, code, steps, hits, kernel, scoreboard):
+    def _run_turn(self, group, key, grid, ready, code, steps, hits, kernel, scoreboard):
         """One round's turn of a workgroup, or of consecutive workgroups whose waves
-        are at the same places (`_turns`: they run as one, `group` has their waves):
+        are at the same places (`_turns`: they run as one, `group` has their waves,
+        `key`: where they are, -1 for a wave not ready, as `_turns` saw them):
         each wave that is `ready` runs up to a quantum; yields lists of (wave,
         instructions run, why it stopped), in the order the waves stopped (a list:
         the waves that stopped at one step of the turn, handed over at once).
@@ -406,9 +410,23 @@ class Machine:
                     yield [(w, *self._run_quantum(w, code, hits, kernel, scoreboard, self.quantum))]
             return
         budget, granted, turn, going, fresh = {}, {}, [], [], []
-        for g in group.groups if type(group) is _Turn else (group,):
-            mine = [w for w in g.waves if ready(w)]
+        wake, now = self._wake, self._round
+        groups = group.groups if type(group) is _Turn else (group,)
+        # `key` holds for the turn's workgroups after the first (`_turns` saw those after
+        # the turns before this one ran) until a wave of the turn runs (alone, below)
+        known = key is not None and len(groups) > 1
+        if known:
+            at = [k for k, pc in enumerate(key) if pc >= 0]  # the ready waves' places
+            everyone = len(at) == len(key)
+        for g in groups:
+            if known and g is not groups[0]:
+                mine = g.waves if everyone else [g.waves[k] for k in at]
+            elif wake:  # ready(w), inline (waves by the thousand)
+                mine = [w for w in g.waves if not (w.done or w.waiting or wake.get(w, 0) > now)]
+            else:  # no wave has slept yet
+                mine = [w for w in g.waves if not (w.done or w.waiting)]
             if len(mine) == 1:  # it runs alone while no other wave of its workgroup is ready
+                known = False
                 mine = yield from self._run_alone(g, mine, budget, granted, ready, code, hits, kernel, scoreboard)
             else:
                 fresh += mine  # each a quantum (granted below, in one go)
@@ -563,7 +581,12 @@ class Machine:
                     if pc >= others:
                         break
                     continue
-                for who in at:
+                going = at
+                over = getattr(run, "over", None)  # s_endpgm: the cohort's waves end at once
+                if over is not None:
+                    stopped = dict.fromkeys(at, "end")  # (in wave order)
+                    going = over(at, pc + 1)  # those left to end wave by wave
+                for who in going:
                     who.pc = pc + 1
                     unperformed = who.unperformed
                     signal = run(who)
@@ -715,13 +738,20 @@ def _contiguous(grid, waves, by_group: bool = False) -> list:
 
 
 class _Turn:
-    """Consecutive workgroups that take their turn as one (`_turns`)."""
+    """Consecutive workgroups that take their turn as one (`_turns`); `waves`, all
+    their waves, made at first use."""
 
-    __slots__ = ("groups", "waves")
+    __slots__ = ("_waves", "groups")
 
     def __init__(self, groups):
         self.groups = groups
-        self.waves = [w for g in groups for w in g.waves]
+        self._waves = None
+
+    @property
+    def waves(self) -> list:
+        if self._waves is None:
+            self._waves = [w for g in self.groups for w in g.waves]
+        return self._waves
 
 
 def _turns(live, wake, now):
@@ -729,7 +759,9 @@ def _turns(live, wake, now):
     whose waves are ready at the same PCs (the workgroups of a stage, mostly) take
     one turn together, so that their waves run in lock-step and a VALU, MFMA, LDS
     or vector memory instruction once for all of them. Ready: as Machine._schedule's
-    `ready` (round `now`, sleepers' wake-up rounds `wake`), inline."""
+    `ready` (round `now`, sleepers' wake-up rounds `wake`), inline. Yields (turn,
+    its waves' pcs, -1 for those not ready, as seen here: a turn's first
+    workgroup is seen before the turn before it runs, the others after)."""
     run, key = [], None
     for g in live:
         if wake:
@@ -737,12 +769,12 @@ def _turns(live, wake, now):
         else:  # no wave has slept yet
             mine = [-1 if w.done or w.waiting else w.pc for w in g.waves]
         if mine != key and run:
-            yield run[0] if len(run) == 1 else _Turn(run)
+            yield run[0] if len(run) == 1 else _Turn(run), key
             run = []
         run.append(g)
         key = mine
     if run:
-        yield run[0] if len(run) == 1 else _Turn(run)
+        yield run[0] if len(run) == 1 else _Turn(run), key
 
 
 # run once over waves in slots apart (state.Gathered)
@@ -890,6 +922,25 @@ def decode_control(ins, ctx):
             if group.arrived:  # its other waves wait at a barrier
                 _release_if_complete(group, ctx)
             return "end"
+
+        def end_all(waves, after: int) -> list:
+            """s_endpgm of a cohort's `waves` at once (their pc set to `after`), as `end`
+            wave by wave, for those that have no memory instruction outstanding and
+            sleep on no line, of workgroups not waiting at a barrier; returns the
+            others, untouched, to end wave by wave (what their ends do, retire their
+            counters, perform their stores, does not read whether another wave ended)."""
+            rest = []
+            for w in waves:
+                if w.vm or w.lds or w.smem or w.polled_lines or w.group.arrived:
+                    rest.append(w)
+                else:
+                    w.pc = after
+                    w.done = True
+                    w.group.live -= 1
+            if len(rest) < len(waves):
+                machine._progress = True
+            return rest
+        end.over = end_all
         return end
     raise UnsupportedInstruction(f"{name} not implemented ({ins.where()})")
 
