@@ -42,6 +42,7 @@ import collections
 import contextlib
 import dataclasses
 import gc
+import operator
 
 import numpy as np
 
@@ -361,6 +362,15 @@ class Machine:
             for turn, key in (_turns(live, wake, round_number) if self.batching and self.batch_workgroups
                               else ((g, None) for g in live)):
                 for ends in self._run_turn(turn, key, grid, ready, code, steps, hits, kernel, scoreboard):
+                    if type(ends) is tuple:  # _run_together's, for waves by the thousand
+                        stopped, granted, budget = ends
+                        executed += sum(map(granted.__getitem__, stopped)) - sum(map(budget.__getitem__, stopped))
+                        reasons = set(stopped.values())
+                        if "quantum" in reasons:
+                            self._progress = True
+                        if "sleep" not in reasons:
+                            continue
+                        ends = [(w, 0, reason) for w, reason in stopped.items()]
                     for w, ran, reason in ends:
                         executed += ran
                         if reason == "sleep":
@@ -384,7 +394,9 @@ class Machine:
         `key`: where they are, -1 for a wave not ready, as `_turns` saw them):
         each wave that is `ready` runs up to a quantum; yields lists of (wave,
         instructions run, why it stopped), in the order the waves stopped (a list:
-        the waves that stopped at one step of the turn, handed over at once).
+        the waves that stopped at one step of the turn, handed over at once), or
+        for waves that ran together ({wave: why it stopped}, {wave: instructions
+        granted}, {wave: instructions left}).
 
         This is where the machine picks what runs next. Wave by wave, in order,
         when `batching` is off (a trace turns it off), or while fewer than two
@@ -492,7 +504,7 @@ class Machine:
                 continue
             self._catch_up(stopped, turn, budget, granted, ended)
             if stopped:
-                yield [(w, granted[w] - budget[w], reason) for w, reason in stopped.items()]
+                yield stopped, granted, budget  # (read before the turn goes on)
                 turn = [w for w in turn if w not in stopped]
             if stopped and not performed:  # a barrier released, a sleeper woken
                 joining = [w for w in group.waves if w not in budget and w.group not in ended and ready(w)]
@@ -754,6 +766,9 @@ class _Turn:
         return self._waves
 
 
+_PC = operator.attrgetter("pc")
+
+
 def _turns(live, wake, now):
     """The round's turns: each workgroup of `live` in order, where consecutive ones
     whose waves are ready at the same PCs (the workgroups of a stage, mostly) take
@@ -764,7 +779,9 @@ def _turns(live, wake, now):
     workgroup is seen before the turn before it runs, the others after)."""
     run, key = [], None
     for g in live:
-        if wake:
+        if not wake and g.live == len(g.waves) and not g.arrived:  # none done, none at a barrier
+            mine = list(map(_PC, g.waves))
+        elif wake:
             mine = [-1 if w.done or w.waiting or wake.get(w, 0) > now else w.pc for w in g.waves]
         else:  # no wave has slept yet
             mine = [-1 if w.done or w.waiting else w.pc for w in g.waves]
@@ -931,12 +948,13 @@ def decode_control(ins, ctx):
             counters, perform their stores, does not read whether another wave ended)."""
             rest = []
             for w in waves:
-                if w.vm or w.lds or w.smem or w.polled_lines or w.group.arrived:
+                group = w.group
+                if w.vm or w.lds or w.smem or w.polled_lines or group.arrived:
                     rest.append(w)
                 else:
                     w.pc = after
                     w.done = True
-                    w.group.live -= 1
+                    group.live -= 1
             if len(rest) < len(waves):
                 machine._progress = True
             return rest
