@@ -211,19 +211,18 @@ class Grid:
         """At the launch's end: its waves drop their references to the launch's state
         (their workgroups: the cycles of its state, so that reference counting frees
         it at once, the cycle collector would walk every wave of a big grid; their
-        registers) and become spare waves (`spare`: those whose counter queues are
-        empty, as s_endpgm leaves them, up to SPARE_WAVES)."""
-        keep = []
+        registers) and become spare waves (`spare`, up to SPARE_WAVES). Called when
+        the launch ended, every wave at s_endpgm, which empties its counter queues
+        (machine.decode_control: `end`, `end_all`; a launch that raised does not
+        release its waves)."""
         for w in self.waves:
             w.group = None
-            if not (w.vm or w.lds or w.smem):
-                keep.append(w)
         for w in self.viewed:
             del w.r, w.f, w.i
         self.viewed = []
         self.batches.clear()
-        self.waves = []
-        _SPARE.extend(reversed(keep[:max(0, SPARE_WAVES - len(_SPARE))]))  # the first to start last
+        keep, self.waves = self.waves[:max(0, SPARE_WAVES - len(_SPARE))], []
+        _SPARE.extend(reversed(keep))  # the first to start last
 
 
 SPARE_WAVES = 4096  # at most as many spare waves kept (Grid.release)
