@@ -482,13 +482,13 @@ class Machine:
         perform stores (`ended`)."""
         stops, ended = steps[1], set()
         while turn:
-            pcs = [w.pc for w in turn]
+            pcs = list(map(_PC, turn))
             pc = min(pcs)
             if pcs.count(pc) == len(pcs):
                 at, others = list(turn), len(code)
             else:
-                at = [w for w in turn if w.pc == pc]
-                others = min(p for p in pcs if p != pc)
+                at = [w for w, p in zip(turn, pcs) if p == pc]
+                others = min(set(pcs).difference((pc,)))
             stopped, performed = self._run_cohort(grid, at, pc, others, budget, code, steps, hits,
                                                   kernel, scoreboard)
             if performed:  # other workgroups see those stores before this one's other waves perform theirs

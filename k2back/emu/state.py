@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import operator
 from collections import deque
 
 import numpy as np
@@ -248,6 +249,9 @@ class Workgroup:
                  "waves")
 
 
+_GROUP, _FULL = operator.attrgetter("group"), operator.attrgetter("full")
+
+
 class Batch:
     """The waves in slots first..stop-1 of a launch (of one workgroup or of several
     consecutive ones), all at the same instruction, seen as one wave of [waves,
@@ -265,7 +269,7 @@ class Batch:
     def _take(self, waves: list[Wave], registers: np.ndarray) -> None:
         """`registers`: the waves' vector registers [waves, registers, 64]."""
         self.waves = waves
-        self.groups = list(dict.fromkeys(w.group for w in waves))
+        self.groups = list(dict.fromkeys(map(_GROUP, waves)))
         self.group = self.groups[0] if len(self.groups) == 1 else None
         self.r = registers.transpose(1, 0, 2)
         self.f, self.i = self.r.view(np.float32), self.r.view(np.int32)
@@ -279,7 +283,7 @@ class Batch:
         epoch = group.exec_epoch if group is not None else sum(g.exec_epoch for g in self.groups)
         if self.epoch != epoch:
             self.epoch = epoch
-            self.full = all(w.full for w in self.waves)
+            self.full = all(map(_FULL, self.waves))
             self.mask = self.all_lanes if self.full else np.array([w.mask for w in self.waves])
 
     @property
