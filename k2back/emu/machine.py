@@ -42,7 +42,6 @@ import collections
 import contextlib
 import dataclasses
 import gc
-import operator
 
 import numpy as np
 
@@ -482,12 +481,12 @@ class Machine:
         perform stores (`ended`)."""
         stops, ended = steps[1], set()
         while turn:
-            pcs = list(map(_PC, turn))
+            pcs = [w.pc for w in turn]
             pc = min(pcs)
             if pcs.count(pc) == len(pcs):
                 at, others = list(turn), len(code)
             else:
-                at = [w for w, p in zip(turn, pcs) if p == pc]
+                at = [w for w in turn if w.pc == pc]
                 others = min(set(pcs).difference((pc,)))
             stopped, performed = self._run_cohort(grid, at, pc, others, budget, code, steps, hits,
                                                   kernel, scoreboard)
@@ -766,9 +765,6 @@ class _Turn:
         return self._waves
 
 
-_PC = operator.attrgetter("pc")
-
-
 def _turns(live, wake, now):
     """The round's turns: each workgroup of `live` in order, where consecutive ones
     whose waves are ready at the same PCs (the workgroups of a stage, mostly) take
@@ -780,7 +776,7 @@ def _turns(live, wake, now):
     run, key = [], None
     for g in live:
         if not wake and g.live == len(g.waves) and not g.arrived:  # none done, none at a barrier
-            mine = list(map(_PC, g.waves))
+            mine = [w.pc for w in g.waves]
         elif wake:
             mine = [-1 if w.done or w.waiting or wake.get(w, 0) > now else w.pc for w in g.waves]
         else:  # no wave has slept yet

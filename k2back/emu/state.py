@@ -249,7 +249,7 @@ class Workgroup:
                  "waves")
 
 
-_GROUP, _FULL = operator.attrgetter("group"), operator.attrgetter("full")
+_EPOCH = operator.attrgetter("exec_epoch")
 
 
 class Batch:
@@ -269,7 +269,7 @@ class Batch:
     def _take(self, waves: list[Wave], registers: np.ndarray) -> None:
         """`registers`: the waves' vector registers [waves, registers, 64]."""
         self.waves = waves
-        self.groups = list(dict.fromkeys(map(_GROUP, waves)))
+        self.groups = list(dict.fromkeys([w.group for w in waves]))
         self.group = self.groups[0] if len(self.groups) == 1 else None
         self.r = registers.transpose(1, 0, 2)
         self.f, self.i = self.r.view(np.float32), self.r.view(np.int32)
@@ -280,10 +280,10 @@ class Batch:
     def read_exec(self) -> None:
         """Take the waves' exec masks (again only if one of their workgroups' changed)."""
         group = self.group
-        epoch = group.exec_epoch if group is not None else sum(g.exec_epoch for g in self.groups)
+        epoch = group.exec_epoch if group is not None else sum(map(_EPOCH, self.groups))
         if self.epoch != epoch:
             self.epoch = epoch
-            self.full = all(map(_FULL, self.waves))
+            self.full = all(w.full for w in self.waves)
             self.mask = self.all_lanes if self.full else np.array([w.mask for w in self.waves])
 
     @property
