@@ -256,6 +256,42 @@ def test_waves_a_lone_wave_releases_run_on_with_it_as_one_batch(arch):
     assert stats.batched == stats.instructions["valu"] + stats.instructions["vmem_store"]
 
 
+# Waves 0-3 of each workgroup wait at s_barrier while waves 4-7 end (6 and 7 after a
+# store of their own, if `storing`): the ended waves no longer count, so the
+# barrier releases when the last of them ends, and waves 0-3 store after it. The
+# waves that end do so together (s_endpgm over a cohort: machine.decode_control,
+# end_all), those with a store outstanding one by one.
+ENDING_WAVES = """
+\tv_readfirstlane_b32 s4, v0
+\ts_load_dwordx2 s[0:1], s[0:1], 0x0
+\ts_lshl_b32 s5, s2, 11
+\tv_lshlrev_b32_e32 v2, 2, v0
+\tv_add_u32_e32 v2, s5, v2
+\ts_waitcnt lgkmcnt(0)
+\ts_cmp_ge_u32 s4, 256
+\ts_cbranch_scc1 .LBB0_1
+\ts_barrier
+\tv_mov_b32_e32 v1, 3
+\tglobal_store_dword v2, v1, s[0:1]
+\ts_endpgm
+.LBB0_1:
+\ts_cmp_lt_u32 s4, {first_storing}
+\ts_cbranch_scc1 .LBB0_2
+\tv_mov_b32_e32 v1, 2
+\tglobal_store_dword v2, v1, s[0:1]
+.LBB0_2:"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("storing", [False, True])
+def test_waves_that_end_release_the_barrier_the_others_wait_at(arch, storing):
+    out = np.zeros(2 * 512, np.uint32)
+    body = ENDING_WAVES.format(first_storing=384 if storing else 512)
+    stats = run_handwritten(arch, body, out, grid=(2,), block=(512,))
+    wave = np.arange(2 * 512) % 512 // 64
+    np.testing.assert_array_equal(out, np.select([wave < 4, (wave >= 6) & storing], [3, 2], 0))
+    assert stats.barriers == 2
+
 # LDS stores under exec masks that differ from wave to wave (lane % 4 <= wave).
 # Before any s_waitcnt each wave reads the next wave's slots: a wave's LDS access
 # performs its own queued stores and no other's, so the stores of the next wave
