@@ -543,14 +543,25 @@ class Machine:
                     continue
                 run = code[pc]
                 if quiet[pc]:  # SALU: no signal, no store, no read of the pc (left behind as above)
-                    for who in at:
-                        run(who)
+                    over = getattr(run, "cohort", None)  # once for the cohort's waves (salu.py)
+                    if over is not None:
+                        over(at)
+                    else:
+                        for who in at:
+                            run(who)
                     hits[pc] += count
                     pc += 1
                     if taken == limit or pc >= others:
                         break
                     continue
                 if jumps[pc]:  # a branch: no signal, no store
+                    over = getattr(run, "cohort", None)  # decided once for the cohort (salu.py)
+                    if over is not None:
+                        hits[pc] += count
+                        pc = over(at, pc + 1)  # None: they part, each wave's pc set
+                        if pc is None or taken == limit or pc >= others:
+                            break
+                        continue
                     after = pc + 1
                     for who in at:
                         who.pc = after
@@ -561,6 +572,15 @@ class Machine:
                         pc = None  # their pcs are theirs
                         break
                     if pc >= others:
+                        break
+                    continue
+                over = getattr(run, "cohort", None)
+                if over is not None:  # once for the cohort's waves (an SMEM load: no signal, no store)
+                    over(at)
+                    hits[pc] += count
+                    pending = _pending(at)
+                    pc += 1
+                    if taken == limit or pc >= others:
                         break
                     continue
                 for who in at:

@@ -533,6 +533,34 @@ def decode_smem(ins, ctx):
             region.read += 4 * valid
         w.s[first:first + count] = words
         inflight.issue_smem(w, ins, dst_bits)
+
+    def load_over(waves):
+        """`load` of each of a cohort's waves, in order, where consecutive waves on
+        one CU load from one address (the waves of a workgroup, their kernargs):
+        the first loads through the CU's scalar cache, those after it take its
+        words and count what it counted (what they would load: nothing comes
+        between, no store, no other load)."""
+        if op != "s" or ctx.machine._timer is not None:  # timing charges each wave's access
+            for w in waves:
+                load(w)
+            return
+        mem, seen, words, stale = ctx.mem, None, None, 0
+        size = 4 * count
+        for w in waves:
+            s = w.s
+            address = ((s[b] | (s[b + 1] << 32)) + offset(w) + extra) & ~3
+            if seen is None or seen[0] is not w.group.cu or seen[1] != address:
+                before = mem.stale_bytes
+                region = memory.region_of(address, size, who(w, ins))
+                words = mem.load_scalar(w, region, address - region.base, size, cached).view("<u4").tolist()
+                seen, stale = (w.group.cu, address), mem.stale_bytes - before
+            else:
+                mem.stale_bytes += stale
+            counter[0] += 1
+            region.read += size
+            s[first:first + count] = words
+            inflight.issue_smem(w, ins, dst_bits)
+    load.cohort = load_over
     return load
 
 
