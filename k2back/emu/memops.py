@@ -21,6 +21,7 @@ import numpy as np
 from . import inflight
 from .errors import EmulatorError, MemoryFault, UnsupportedInstruction
 from .memory import ATOMICS, apply_atomic
+from .operands import sgpr_or_constant
 from .state import LANES, Gathered
 
 U32, U64 = np.uint32, np.uint64
@@ -511,6 +512,8 @@ def decode_smem(ins, ctx):
         raise UnsupportedInstruction(f"{name}: destination {dst.token!r} ({ins.where()})")
     base_op = ctx.operand(ins.operands[1], ins)
     offset = ctx.scalar_reader(ins.operands[2], 32, ins) if len(ins.operands) > 2 else (lambda w: 0)
+    # the offset's SGPR or its constant (load_over reads it on the wave's SGPR list itself)
+    k, constant = sgpr_or_constant(ctx.operand(ins.operands[2], ins), 32) if len(ins.operands) > 2 else (None, 0)
     extra = int(ins.modifiers.get("offset", "0"), 0)
     memory, first, b = ctx.memory, dst.index, base_op.index
     counter, policy = _note_cache_policy(ctx, ins, "smem load")
@@ -540,7 +543,8 @@ def decode_smem(ins, ctx):
         the first loads through the CU's scalar cache, those after it take its
         words and count what it counted (what they would load: nothing comes
         between, no store, no other load)."""
-        if op != "s" or ctx.machine._timer is not None:  # timing charges each wave's access
+        # (timing mode charges each wave its own access; an exec offset reads no SGPR)
+        if op != "s" or k is None and constant is None or ctx.machine._timer is not None:
             for w in waves:
                 load(w)
             return
@@ -548,7 +552,7 @@ def decode_smem(ins, ctx):
         size = 4 * count
         for w in waves:
             s = w.s
-            address = ((s[b] | (s[b + 1] << 32)) + offset(w) + extra) & ~3
+            address = ((s[b] | (s[b + 1] << 32)) + (s[k] if k is not None else constant) + extra) & ~3
             if seen is None or seen[0] is not w.group.cu or seen[1] != address:
                 before = mem.stale_bytes
                 region = memory.region_of(address, size, who(w, ins))

@@ -257,7 +257,9 @@ def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high:
                     write(wave, bits & wave.exec)
             else:  # the same into an SGPR pair: the rows and exec ANDed at once, stored wave by wave
                 waves = w.waves
-                values = _mask_rows(m, len(waves)) & np.array([wave.exec for wave in waves], np.uint64)
+                execs = [wave.exec for wave in waves]
+                same = execs.count(execs[0]) == len(execs)  # mostly: every lane on
+                values = _mask_rows(m, len(waves)) & (np.uint64(execs[0]) if same else np.array(execs, np.uint64))
                 for wave, lo, hi in zip(waves, (values & np.uint64(M32)).tolist(),
                                         (values >> np.uint64(32)).tolist()):
                     s = wave.s
