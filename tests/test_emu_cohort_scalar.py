@@ -281,16 +281,17 @@ def _counters(stats) -> tuple:
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("order", ["forward", "reverse"])
-def test_launches_with_cohort_forms_match_them_run_wave_by_wave(arch, order, monkeypatch):
+@pytest.mark.parametrize("order,memory", [("forward", "strict"), ("reverse", "strict"), ("forward", "ideal")])
+def test_launches_with_cohort_forms_match_them_run_wave_by_wave(arch, order, memory, monkeypatch):
     results = []
     for cohorts in (True, False):
         if not cohorts:
             _no_cohorts(monkeypatch)
         marks = np.zeros(37, np.int32)
-        idle = run(IDLE, arch, "idle", {"marks": marks}, grid=(37,), block=(512,), order=order)
+        idle = run(IDLE, arch, "idle", {"marks": marks}, grid=(37,), block=(512,), order=order,
+                   machine=machine_module.Machine(arch, memory=memory))
         out = (np.arange(512, dtype=np.uint32) * 7 + 1) << 8
-        machine = machine_module.Machine(arch)
+        machine = machine_module.Machine(arch, memory=memory)
         kernargs = machine.map(out).to_bytes(8, "little")
         scalar = machine.launch(handwritten(arch, SCALAR_BODY), "hand", grid=(6,), block=(256,),
                                 kernargs=kernargs, order=order)
@@ -298,5 +299,5 @@ def test_launches_with_cohort_forms_match_them_run_wave_by_wave(arch, order, mon
     assert results[0] == results[1]
     marks, _, out, scalar = results[0]
     assert marks == [1] * 37
-    assert scalar[2] > 0  # loads took stale copies: the scalar cache's rules ran
+    assert scalar[2] > 0 or memory == "ideal"  # loads took stale copies: the scalar cache's rules ran
     assert len(set(out[64:64 + 2 * 48])) > 20  # the stores of waves 0-2 reached out

@@ -507,7 +507,11 @@ class Machine:
         none stops; returns ({wave: why it stopped}, the workgroups whose waves
         performed stores).
         A batched step leaves the waves' `pc` behind (no batchable closure reads
-        it) until an unbatched step or the end of the cohort."""
+        it) until an unbatched step or the end of the cohort. So does a closure's
+        `cohort` form (SALU, saveexec, SMEM loads: fn(waves), no signal, no store,
+        no read of the pc; a branch: fn(waves, pc after it) -> the pc they all
+        go to, or None when they part), which runs the instruction for all the
+        waves at once, as each would alone, in order (salu.py, memops.py)."""
         batchable, stops, jumps, quiet, spans = steps
         touches, effects = scoreboard.touches, scoreboard.effects
         count = len(at)
