@@ -16,6 +16,8 @@ return 0).
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from . import inflight
@@ -518,6 +520,7 @@ def decode_smem(ins, ctx):
     memory, first, b = ctx.memory, dst.index, base_op.index
     counter, policy = _note_cache_policy(ctx, ins, "smem load")
     cached, dst_bits = policy != "glc", scalar_bits(dst)
+    unpack = struct.Struct(f"<{count}I").unpack  # the loaded bytes as words (ints)
 
     def load(w):
         counter[0] += 1
@@ -556,7 +559,7 @@ def decode_smem(ins, ctx):
             if seen is None or seen[0] is not w.group.cu or seen[1] != address:
                 before = mem.stale_bytes
                 region = memory.region_of(address, size, who(w, ins))
-                words = mem.load_scalar(w, region, address - region.base, size, cached).view("<u4").tolist()
+                words = unpack(mem.load_scalar(w, region, address - region.base, size, cached))
                 seen, stale = (w.group.cu, address), mem.stale_bytes - before
             else:
                 mem.stale_bytes += stale
