@@ -248,6 +248,7 @@ def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high:
     """fn(wave, lanes) storing `dtype` lanes into active lanes of a VGPR/AGPR (or a mask)."""
     if dtype is MASK:
         write = scalar_writer(op, 64, where)
+        pair = op.index if op.file == "s" else None  # an SGPR pair (vcc, s[n:n+1]); else exec
 
         def write_mask(w, m):
             if w.waves is None:
@@ -265,7 +266,6 @@ def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high:
                     s = wave.s
                     s[pair] = lo
                     s[pair + 1] = hi
-        pair = op.index if op.file == "s" else None
         return write_mask
     if op.file != "v" or op.neg or op.abs:
         raise UnsupportedInstruction(f"expected a vector destination, got {op.token!r} ({where})")
