@@ -19,7 +19,7 @@ from k2back.emu import salu
 from k2back.emu.asm import Instruction
 from k2back.emu.operands import MASK, parse, scalar_reader, scalar_writer, vector_writer
 from k2back.emu.state import LANES, M32, M64, Wave, exec_state, int_to_mask
-from k2back.emu.testing import ARCHS, handwritten, module, run
+from k2back.emu.testing import ARCHS, handwritten
 
 EDGES = (0, 1, 31, 32, 33, 63, 64, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF)
 EXEC_EDGES = (0, 1, M64, 0x8000000000000000, 0xFFFFFFFF, 0xFFFFFFFF00000000, 0x5555555555555555)
@@ -185,22 +185,23 @@ def test_the_pair_mask_write_matches_the_isa():
 
 # ---------------------------------------------------------------- whole launches
 
-IDLE = module("""
-define amdgpu_kernel void @idle(ptr addrspace(1) %marks) #0 {
-  %tid = call i32 @llvm.amdgcn.workitem.id.x()
-  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
-  %first = icmp eq i32 %tid, 0
-  br i1 %first, label %mark, label %done
-mark:
-  %p = getelementptr i32, ptr addrspace(1) %marks, i32 %wg
-  store atomic i32 1, ptr addrspace(1) %p syncscope("agent") monotonic, align 4
-  br label %done
-done:
-  ret void
-}
-declare i32 @llvm.amdgcn.workitem.id.x()
-declare i32 @llvm.amdgcn.workgroup.id.x()
-""")
+# The idle persistent grid's kernel as LLVM emits it (benchmarks/emu_speed.py IDLE):
+# wave 0 of each workgroup marks its workgroup's word.
+IDLE_BODY = """
+\tv_cmp_eq_u32_e32 vcc, 0, v0
+\ts_and_saveexec_b64 s[4:5], vcc
+\ts_cbranch_execz .Ldone
+\ts_load_dwordx2 s[0:1], s[0:1], 0x0
+\ts_ashr_i32 s3, s2, 31
+\ts_lshl_b64 s[2:3], s[2:3], 2
+\tv_mov_b32_e32 v0, 0
+\tv_mov_b32_e32 v1, 1
+\ts_waitcnt lgkmcnt(0)
+\ts_add_u32 s0, s0, s2
+\ts_addc_u32 s1, s1, s3
+\tglobal_store_dword v0, v1, s[0:1] sc1
+.Ldone:
+"""
 
 # Every wave of 6 workgroups loads out's first words through its CU's scalar
 # cache; wave 0 of each stores its workgroup's number into them; after a loop of
@@ -288,8 +289,9 @@ def test_launches_with_cohort_forms_match_them_run_wave_by_wave(arch, order, mem
         if not cohorts:
             _no_cohorts(monkeypatch)
         marks = np.zeros(37, np.int32)
-        idle = run(IDLE, arch, "idle", {"marks": marks}, grid=(37,), block=(512,), order=order,
-                   machine=machine_module.Machine(arch, memory=memory))
+        machine = machine_module.Machine(arch, memory=memory)
+        idle = machine.launch(handwritten(arch, IDLE_BODY), "hand", grid=(37,), block=(512,),
+                              kernargs=machine.map(marks).to_bytes(8, "little"), order=order)
         out = (np.arange(512, dtype=np.uint32) * 7 + 1) << 8
         machine = machine_module.Machine(arch, memory=memory)
         kernargs = machine.map(out).to_bytes(8, "little")
