@@ -536,7 +536,11 @@ class Machine:
         none stops; returns ({wave: why it stopped}, the workgroups whose waves
         performed stores).
         A batched step leaves the waves' `pc` behind (no batchable closure reads
-        it) until an unbatched step or the end of the cohort."""
+        it) until an unbatched step or the end of the cohort. So does a closure's
+        `cohort` form (SALU, saveexec, SMEM loads: fn(waves), no signal, no store,
+        no read of the pc; a branch: fn(waves, pc after it) -> the pc they all
+        go to, or None when they part), which runs the instruction for all the
+        waves at once, as each would alone, in order (salu.py, memops.py)."""
         batchable, stops, jumps, quiet, spans = steps
         touches, effects = scoreboard.touches, scoreboard.effects
         count = len(at)
@@ -572,14 +576,25 @@ class Machine:
                     continue
                 run = code[pc]
                 if quiet[pc]:  # SALU: no signal, no store, no read of the pc (left behind as above)
-                    for who in at:
-                        run(who)
+                    over = getattr(run, "cohort", None)  # once for the cohort's waves (salu.py)
+                    if over is not None:
+                        over(at)
+                    else:
+                        for who in at:
+                            run(who)
                     hits[pc] += count
                     pc += 1
                     if taken == limit or pc >= others:
                         break
                     continue
                 if jumps[pc]:  # a branch: no signal, no store
+                    over = getattr(run, "cohort", None)  # decided once for the cohort (salu.py)
+                    if over is not None:
+                        hits[pc] += count
+                        pc = over(at, pc + 1)  # None: they part, each wave's pc set
+                        if pc is None or taken == limit or pc >= others:
+                            break
+                        continue
                     after = pc + 1
                     for who in at:
                         who.pc = after
@@ -590,6 +605,15 @@ class Machine:
                         pc = None  # their pcs are theirs
                         break
                     if pc >= others:
+                        break
+                    continue
+                over = getattr(run, "cohort", None)
+                if over is not None:  # once for the cohort's waves (an SMEM load: no signal, no store)
+                    over(at)
+                    hits[pc] += count
+                    pending = _pending(at)
+                    pc += 1
+                    if taken == limit or pc >= others:
                         break
                     continue
                 going = at

@@ -16,11 +16,14 @@ return 0).
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from . import inflight
 from .errors import EmulatorError, MemoryFault, UnsupportedInstruction
 from .memory import ATOMICS, apply_atomic
+from .operands import sgpr_or_constant
 from .state import LANES, Gathered
 
 U32, U64 = np.uint32, np.uint64
@@ -511,10 +514,13 @@ def decode_smem(ins, ctx):
         raise UnsupportedInstruction(f"{name}: destination {dst.token!r} ({ins.where()})")
     base_op = ctx.operand(ins.operands[1], ins)
     offset = ctx.scalar_reader(ins.operands[2], 32, ins) if len(ins.operands) > 2 else (lambda w: 0)
+    # the offset's SGPR or its constant (load_over reads it on the wave's SGPR list itself)
+    k, constant = sgpr_or_constant(ctx.operand(ins.operands[2], ins), 32) if len(ins.operands) > 2 else (None, 0)
     extra = int(ins.modifiers.get("offset", "0"), 0)
     memory, first, b = ctx.memory, dst.index, base_op.index
     counter, policy = _note_cache_policy(ctx, ins, "smem load")
     cached, dst_bits = policy != "glc", scalar_bits(dst)
+    unpack = struct.Struct(f"<{count}I").unpack  # the loaded bytes as words (ints)
 
     def load(w):
         counter[0] += 1
@@ -533,6 +539,35 @@ def decode_smem(ins, ctx):
             region.read += 4 * valid
         w.s[first:first + count] = words
         inflight.issue_smem(w, ins, dst_bits)
+
+    def load_over(waves):
+        """`load` of each of a cohort's waves, in order, where consecutive waves on
+        one CU load from one address (the waves of a workgroup, their kernargs):
+        the first loads through the CU's scalar cache, those after it take its
+        words and count what it counted (what they would load: nothing comes
+        between, no store, no other load)."""
+        # (timing mode charges each wave its own access; an exec offset reads no SGPR)
+        if op != "s" or k is None and constant is None or ctx.machine._timer is not None:
+            for w in waves:
+                load(w)
+            return
+        mem, seen, words, stale = ctx.mem, None, None, 0
+        size = 4 * count
+        for w in waves:
+            s = w.s
+            address = ((s[b] | (s[b + 1] << 32)) + (s[k] if k is not None else constant) + extra) & ~3
+            if seen is None or seen[0] is not w.group.cu or seen[1] != address:
+                before = mem.stale_bytes
+                region = memory.region_of(address, size, who(w, ins))
+                words = unpack(mem.load_scalar(w, region, address - region.base, size, cached))
+                seen, stale = (w.group.cu, address), mem.stale_bytes - before
+            else:
+                mem.stale_bytes += stale
+            counter[0] += 1
+            region.read += size
+            s[first:first + count] = words
+            inflight.issue_smem(w, ins, dst_bits)
+    load.cohort = load_over
     return load
 
 

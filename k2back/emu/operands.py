@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from .errors import UnsupportedInstruction
-from .state import LANES, M0, M32, VCC, lane_masks, mask_to_int
+from .state import LANES, M0, M32, M64, VCC, lane_masks, mask_to_int
 
 MASK = "mask"
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -180,6 +180,17 @@ def vector_reader(op: Operand, dtype, where: str, high: bool = False):
     return with_modifiers(op, _vector_value(op, np.dtype(dtype), where, high), np.dtype(dtype))
 
 
+def _mask_rows(m, waves: int) -> np.ndarray:
+    """uint64 [waves]: each wave's bits of a Batch's compare result `m` ([waves or 1,
+    64 or 1] lanes, or one bool for all: both compare operands scalar)."""
+    if np.ndim(m) == 0:
+        return np.full(waves, M64 if m else 0, np.uint64)
+    if m.shape[-1] != LANES:
+        m = np.broadcast_to(m, (waves, LANES))
+    rows = np.packbits(m, axis=-1, bitorder="little").view("<u8")
+    return np.broadcast_to(rows, (waves, 1)).ravel().astype(np.uint64, copy=False)
+
+
 def with_modifiers(op: Operand, read, dtype: np.dtype):
     """Apply the operand's |abs| and -neg source modifiers (in that order) to `read`.
 
@@ -237,20 +248,24 @@ def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high:
     """fn(wave, lanes) storing `dtype` lanes into active lanes of a VGPR/AGPR (or a mask)."""
     if dtype is MASK:
         write = scalar_writer(op, 64, where)
+        pair = op.index if op.file == "s" else None  # an SGPR pair (vcc, s[n:n+1]); else exec
 
         def write_mask(w, m):
             if w.waves is None:
                 write(w, mask_to_int(m) & w.exec if np.ndim(m) else w.exec if m else 0)
-            elif np.ndim(m) == 0:  # a uniform result (both compare operands scalar)
-                for wave in w.waves:
-                    write(wave, wave.exec if m else 0)
-            else:  # a Batch: each wave its row (m [waves or 1, 64 or 1])
-                if m.shape[-1] != LANES:
-                    m = np.broadcast_to(m, (len(w.waves), LANES))
-                rows = np.packbits(m, axis=-1, bitorder="little").view("<u8")
-                rows = np.broadcast_to(rows, (len(w.waves), 1)).ravel().tolist()
-                for wave, bits in zip(w.waves, rows):
+            elif pair is None:  # a Batch: each wave its row
+                for wave, bits in zip(w.waves, _mask_rows(m, len(w.waves)).tolist()):
                     write(wave, bits & wave.exec)
+            else:  # the same into an SGPR pair: the rows and exec ANDed at once, stored wave by wave
+                waves = w.waves
+                execs = [wave.exec for wave in waves]
+                same = execs.count(execs[0]) == len(execs)  # mostly: every lane on
+                values = _mask_rows(m, len(waves)) & (np.uint64(execs[0]) if same else np.array(execs, np.uint64))
+                for wave, lo, hi in zip(waves, (values & np.uint64(M32)).tolist(),
+                                        (values >> np.uint64(32)).tolist()):
+                    s = wave.s
+                    s[pair] = lo
+                    s[pair + 1] = hi
         return write_mask
     if op.file != "v" or op.neg or op.abs:
         raise UnsupportedInstruction(f"expected a vector destination, got {op.token!r} ({where})")

@@ -6,9 +6,11 @@ Each SALU entry is `(dst_bits, src_bits, fn)`; `fn(*sources, scc)` returns
 
 from __future__ import annotations
 
+import operator
+
 from .errors import UnsupportedInstruction
 from .operands import sgpr_or_constant
-from .state import M32, M64
+from .state import M32, M64, exec_state
 
 
 def sx(value: int, bits: int) -> int:
@@ -247,6 +249,25 @@ def _saveexec(ins, ctx):
             w.set_exec(combine(s[a] | s[a + 1] << 32, old))
             s[d], s[d + 1] = old & M32, old >> 32
             w.scc = int(w.exec != 0)
+
+        def pairs_over(waves):
+            """`pairs` of each of a cohort's waves, in order: each distinct (source,
+            exec) combined once, the exec state (Wave.set_exec's) stored wave by
+            wave, each workgroup's exec_epoch moved on once a run of its waves."""
+            states, group = {}, None
+            for w in waves:
+                s, old = w.s, w.exec
+                key = (s[a], s[a + 1], old)
+                state = states.get(key)
+                if state is None:
+                    value, full, mask = exec_state(combine(key[0] | key[1] << 32, old))
+                    state = states[key] = (value, full, mask, int(value != 0))
+                s[d], s[d + 1] = old & M32, old >> 32
+                w.exec, w.full, w.mask, w.scc = state
+                if w.group is not group:
+                    group = w.group
+                    group.exec_epoch += 1
+        pairs.cohort = pairs_over
         return pairs
 
     def run(w):
@@ -290,24 +311,50 @@ def _compare(ins, ctx):
 
 # ---------------------------------------------------------------- program control (SOPP)
 
-BRANCH_CONDITIONS = {
-    "s_branch": lambda w: True,
-    "s_cbranch_scc0": lambda w: w.scc == 0,
-    "s_cbranch_scc1": lambda w: w.scc == 1,
-    "s_cbranch_vccz": lambda w: (w.s[106] | w.s[107]) == 0,
-    "s_cbranch_vccnz": lambda w: (w.s[106] | w.s[107]) != 0,
-    "s_cbranch_execz": lambda w: w.exec == 0,
-    "s_cbranch_execnz": lambda w: w.exec != 0,
+# s_cbranch_*: (what it tests, taken when that is zero); s_branch: always taken
+BRANCH_TESTS = {
+    "s_cbranch_scc0": ("scc", True), "s_cbranch_scc1": ("scc", False),
+    "s_cbranch_vccz": ("vcc", True), "s_cbranch_vccnz": ("vcc", False),
+    "s_cbranch_execz": ("exec", True), "s_cbranch_execnz": ("exec", False),
 }
+
+
+def _vcc(w) -> int:
+    return w.s[106] | w.s[107]
+
+
+# what a branch tests, of a wave (SCC is 0 or 1: s_cbranch_scc1 tests it nonzero)
+BRANCH_KEYS = {"scc": operator.attrgetter("scc"), "vcc": _vcc, "exec": operator.attrgetter("exec")}
 
 
 def decode_branch(ins, ctx):
     target = ctx.labels.get(ins.operands[0]) if ins.operands else None
     if target is None:
         raise UnsupportedInstruction(f"branch target {ins.operands} unknown ({ins.where()})")
-    taken = BRANCH_CONDITIONS[ins.mnemonic]
+    if ins.mnemonic == "s_branch":
+        def jump(w):
+            w.pc = target
+
+        def jump_over(waves, after):
+            return target
+        jump.cohort = jump_over
+        return jump
+    test, when_zero = BRANCH_TESTS[ins.mnemonic]
+    key = BRANCH_KEYS[test]
 
     def branch(w):
-        if taken(w):
+        if (key(w) == 0) == when_zero:
             w.pc = target
+
+    def branch_over(waves, after):
+        """The branch for a cohort's waves (their pcs left behind, as at `after`):
+        the pc they all go to, or None when they part (then each wave's pc is set)."""
+        values = list(map(key, waves))
+        zeros = values.count(0)
+        if zeros == len(values) or not zeros:
+            return target if bool(zeros) == when_zero else after
+        for w, value in zip(waves, values):
+            w.pc = target if (value == 0) == when_zero else after
+        return None
+    branch.cohort = branch_over
     return branch
