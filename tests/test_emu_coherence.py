@@ -373,3 +373,40 @@ def test_an_overlay_holds_what_a_byte_map_would():
             else:
                 np.testing.assert_array_equal(np.unique(overlay.lines()),
                                               sorted({a >> LINE_BITS for a in held}), err_msg=where)
+
+
+def test_a_store_wakes_the_sleepers_on_its_line_in_the_order_they_polled():
+    """The waves sleeping on a polled line are kept in the order they polled, not
+    in the order of their hashes (a set's: ids, which vary from run to run): a
+    store to the line refreshes their CUs' caches and wakes them in poll order.
+    The sleepers here hash in the reverse of their poll order, so a set would
+    wake them backwards."""
+    from types import SimpleNamespace
+
+    from k2back.emu.coherence import StrictMemory
+    from k2back.emu.memory import GlobalMemory
+
+    class Sleeper:
+        def __init__(self, key, cu, addresses):
+            self.key, self.group = key, SimpleNamespace(cu=cu)
+            self.last_load, self.bypass_loads, self.polled_lines = (addresses, 4), [], ()
+
+        def __hash__(self):
+            return self.key
+
+    memory = GlobalMemory()
+    flag = memory.map(np.zeros(64, np.uint32), "flag")
+    woken = []
+    mem = StrictMemory(memory, woken.append)
+    # workgroups on several XCDs, two of them sharing one (0 and 8, 1 and 9)
+    cus = [mem.cu(workgroup) for workgroup in (3, 0, 9, 5, 8, 1, 2, 7)]
+    sleepers = [Sleeper(len(cus) - i, cu, np.array([flag + 4 * i], np.uint64)) for i, cu in enumerate(cus)]
+    for w in sleepers:
+        mem.poll(w)
+    assert list(mem.polled[flag >> 7]) == sleepers
+    mem.unpoll(sleepers[2])  # it polls again: last
+    mem.poll(sleepers[2])
+    order = sleepers[:2] + sleepers[3:] + sleepers[2:3]
+    flat = flag + np.arange(4, dtype=np.int64)
+    assert mem.store(mem.cu(4), flat, np.ones(4, np.uint8))
+    assert woken == order

@@ -631,7 +631,8 @@ class StrictMemory(IdealMemory):
         super().__init__(memory)
         self.wake = wake  # fn(wave): a sleeping wave runs again at once
         self.l2s = [L2(i) for i in range(XCDS)]
-        self.polled = {}  # line -> {waves sleeping on it}
+        self.polled = {}  # line -> {wave sleeping on it: None}, in the order they polled (a dict, not
+        # a set: the caches refreshed and the waves woken in an order that does not hang on ids)
 
     def cu(self, workgroup: int) -> Cu:
         return Cu(self.l2s[workgroup % XCDS])
@@ -859,14 +860,14 @@ class StrictMemory(IdealMemory):
         cu = w.group.cu
         for line in lines:
             self._refresh(line, cu)
-            self.polled.setdefault(line, set()).add(w)
+            self.polled.setdefault(line, {})[w] = None
         w.polled_lines = lines
 
     def unpoll(self, w) -> None:
         for line in w.polled_lines:
             waves = self.polled.get(line)
             if waves is not None:
-                waves.discard(w)
+                waves.pop(w, None)
                 if not waves:
                     del self.polled[line]
         w.polled_lines = ()
