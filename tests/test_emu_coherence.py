@@ -300,6 +300,28 @@ def test_a_newer_store_overlapping_an_older_one_wins_at_the_write_back(arch):
         np.testing.assert_array_equal(out, np.tile([2, 3], 64), err_msg=memory)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("wide_first", [False, True])
+def test_overlapping_stores_retired_by_one_waitcnt_leave_the_newer_bytes(arch, wide_first):
+    """Two stores of a wave whose bytes overlap, retired by one s_waitcnt (performed
+    together, in whatever order): memory ends with the newer store's bytes where
+    they overlap, as in the ideal memory (each lane: a dword at 8 i + 4 and a
+    dwordx2 at 8 i, in either order), then a write-back and a kernel end."""
+    dword = "\tglobal_store_dword v1, v2, s[2:3] offset:4\n"
+    pair = "\tglobal_store_dwordx2 v1, v[3:4], s[2:3]\n"
+    body = ("\ts_load_dwordx2 s[2:3], s[0:1], 0x0\n\ts_waitcnt lgkmcnt(0)\n"
+            "\tv_lshlrev_b32_e32 v1, 3, v0\n\tv_mov_b32_e32 v2, 1\n"
+            "\tv_mov_b32_e32 v3, 2\n\tv_mov_b32_e32 v4, 3\n"
+            + (pair + dword if wide_first else dword + pair) + "\tbuffer_wbl2 sc1\n\ts_waitcnt vmcnt(0)")
+    results = {}
+    for memory in ("ideal", "strict"):
+        out = np.zeros(128, np.uint32)
+        run_handwritten(arch, body, out, memory=memory)
+        results[memory] = out
+    np.testing.assert_array_equal(results["ideal"], np.tile([2, 1] if wide_first else [2, 3], 64))
+    np.testing.assert_array_equal(results["strict"], results["ideal"])
+
+
 def test_a_take_of_queued_puts_returns_the_newest_bytes():
     """Overlay.take of plain puts still queued: where two overlap, the newer put's
     bytes, whichever starts lower; apart and ascending, their bytes in address order."""

@@ -191,6 +191,20 @@ def retire_vm(w, keep: int, mem, progress) -> bool:
         return False
     if w.unperformed:
         batch = list(itertools.islice(queue, count))
+        if _unwatched(batch, mem):
+            for op in batch:  # stores in program order: a newer one's bytes overwrite an older one's
+                if not op.done and op.kind == STORE:
+                    _perform(w, op, mem, ())
+            for op in batch:
+                if not op.done:  # the write-backs, last
+                    _perform(w, op, mem, ())
+            w.unperformed -= sum(1 for op in batch if op.kind != LOAD)
+            progress()
+            pending, take = w.pending, queue.popleft
+            for _ in range(count):
+                pending &= ~take().dst
+            w.pending = pending
+            return False
         # newest store first, write-backs last (after their wave's older stores)
         todo = [i for i in range(count - 1, -1, -1) if not batch[i].done and batch[i].kind == STORE]
         todo += [i for i, op in enumerate(batch) if not op.done and op.kind != STORE]
@@ -211,6 +225,26 @@ def retire_vm(w, keep: int, mem, progress) -> bool:
         pending &= ~take().dst
     w.pending = pending
     return False
+
+
+def _unwatched(batch, mem) -> bool:
+    """Whether the stores and write-backs of a retired `batch` may perform at once in
+    program order (retire_vm): none is performed yet (no newer one holds its bytes
+    already) and no wave sleeps on a line a store writes (none wakes a sleeper, so
+    nothing runs between them, and each byte ends up the newest store's in the
+    L2 either way: newest first, an older store skips a newer one's bytes)."""
+    low = high = None
+    for op in batch:
+        if op.kind != LOAD:
+            if op.done:
+                return False
+            if op.kind == STORE:
+                first, last = op.span
+                if low is None:
+                    low, high = first, last
+                else:
+                    low, high = min(low, first), max(high, last)
+    return low is None or not mem.polled_between(low >> LINE_BITS, high >> LINE_BITS)
 
 
 def _perform(w, op, mem, newer) -> bool:
