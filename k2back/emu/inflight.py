@@ -101,15 +101,16 @@ def issue_vm(w, ins, dst: int = 0) -> None:
     _expect(w, w.vm, Load(ins, dst))
 
 
-def issue_store(w, ins, mem, flat: np.ndarray, values: np.ndarray) -> None:
-    """A store (`flat`, `values`: its bytes, every lane's): covering more than one
-    single-copy atomic piece, its phases perform one by one (coherence.store_phases),
-    a sleeper woken by one sees it before the next (_phases: computed when it
-    performs, and only if a wave sleeps on its lines)."""
+def issue_store(w, ins, mem, flat: np.ndarray, values: np.ndarray, span=None) -> None:
+    """A store (`flat`, `values`: its bytes, every lane's; `span`: (flat.min(),
+    flat.max()) when the caller knows them): covering more than one single-copy
+    atomic piece, its phases perform one by one (coherence.store_phases), a sleeper
+    woken by one sees it before the next (_phases: computed when it performs, and
+    only if a wave sleeps on its lines)."""
     op = Op(ins, STORE, done=not mem.strict)
     op.flat, op.values = flat, values
     if mem.strict:
-        op.span = int(flat.min()), int(flat.max())
+        op.span = (int(flat.min()), int(flat.max())) if span is None else span
         if op.span[0] // ATOM != op.span[1] // ATOM:  # more than one single-copy atomic piece
             op.parts = TORN  # its phases, when it performs (_perform)
         w.unperformed += 1
