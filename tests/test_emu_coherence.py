@@ -432,3 +432,18 @@ def test_a_store_wakes_the_sleepers_on_its_line_in_the_order_they_polled():
     flat = flag + np.arange(4, dtype=np.int64)
     assert mem.store(mem.cu(4), flat, np.ones(4, np.uint8))
     assert woken == order
+
+
+def test_polled_between_is_whether_a_polled_line_lies_in_the_range():
+    """StrictMemory.polled_between (whether a store may reach a sleeper: by the
+    range's lines or by the polled lines, whichever are fewer) against a scan."""
+    from k2back.emu.coherence import StrictMemory
+    from k2back.emu.memory import GlobalMemory
+
+    rng = np.random.default_rng(3)
+    mem = StrictMemory(GlobalMemory(), lambda w: None)
+    for _ in range(300):
+        mem.polled = {int(line): {} for line in rng.integers(0, 64, int(rng.integers(0, 12)))}
+        first = int(rng.integers(0, 64))
+        last = first + int(rng.integers(0, 20))
+        assert mem.polled_between(first, last) == any(first <= line <= last for line in mem.polled)

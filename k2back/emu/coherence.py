@@ -725,7 +725,12 @@ class StrictMemory(IdealMemory):
 
     def polled_between(self, first: int, last: int) -> bool:
         """Whether a wave sleeps on a line from `first` to `last`."""
-        return any(first <= line <= last for line in self.polled)  # a flag's few lines
+        polled = self.polled
+        if not polled:
+            return False
+        if last - first < len(polled):  # the fewer: the lines of the range, or the polled lines
+            return any(line in polled for line in range(first, last + 1))
+        return any(first <= line <= last for line in polled)
 
     def _read_by_others(self, l2, first: int, last: int, keep) -> bool:
         """Whether a CU cache of `l2` other than `keep` may hold some of lines

@@ -193,12 +193,15 @@ def retire_vm(w, keep: int, mem, progress) -> bool:
     if w.unperformed:
         batch = list(itertools.islice(queue, count))
         if _unwatched(batch, mem):
-            for op in batch:  # stores in program order: a newer one's bytes overwrite an older one's
-                if not op.done and op.kind == STORE:
-                    _perform(w, op, mem, ())
+            cu = w.group.cu
+            for op in batch:  # stores in program order (whole: _phases), a newer one's bytes overwriting
+                if op.kind == STORE:  # an older one's
+                    op.done, op.parts = True, None
+                    mem.store(cu, op.flat, op.values, op.span)
             for op in batch:
                 if not op.done:  # the write-backs, last
-                    _perform(w, op, mem, ())
+                    op.done = True
+                    mem.writeback(cu, op.perform)
             w.unperformed -= sum(1 for op in batch if op.kind != LOAD)
             progress()
             pending, take = w.pending, queue.popleft
