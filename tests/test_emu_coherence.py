@@ -447,3 +447,126 @@ def test_polled_between_is_whether_a_polled_line_lies_in_the_range():
         first = int(rng.integers(0, 64))
         last = first + int(rng.integers(0, 20))
         assert mem.polled_between(first, last) == any(first <= line <= last for line in mem.polled)
+
+
+class _Wave:
+    """A wave as StrictMemory sees it."""
+
+    def __init__(self, name, cu):
+        from types import SimpleNamespace
+
+        self.group, self.name = SimpleNamespace(cu=cu), name
+        self.bypass_loads, self.last_load, self.polled_lines = [], None, ()
+
+
+def _replay(actions, reference, where=""):
+    """Run `actions` [(action, wave, byte offsets, values, through_l1, l1, l2)] on a
+    StrictMemory and on `reference` (a subclass): every read, wake-up, counter and
+    memory's bytes in the end must agree. Waves 0 and 1 are two waves of
+    workgroup 0 (one CU), 2..4 workgroups 1, 8 (the XCD of 0) and 3."""
+    from k2back.emu.coherence import StrictMemory
+    from k2back.emu.memory import ATOMICS, GlobalMemory
+
+    who = lambda: "test"
+    sides = []
+    for cls in (StrictMemory, reference):
+        memory = GlobalMemory()
+        data = np.arange(384, dtype=np.uint8)  # three lines: accesses meet often
+        base = memory.map(data, "buf")
+        woken = []
+        mem = cls(memory, lambda w, woken=woken: woken.append(w.name))
+        cus = {g: mem.cu(g) for g in (0, 1, 8, 3)}
+        waves = [_Wave(f"workgroup {g} wave {i}", cus[g]) for i, g in enumerate((0, 0, 1, 8, 3))]
+        sides.append((mem, memory, data, base, waves, woken, []))
+    for step, (action, k, offsets, values, through_l1, l1, l2) in enumerate(actions):
+        for mem, memory, data, base, waves, woken, seen in sides:
+            w = waves[k]
+            addresses = None if offsets is None else (offsets + base).astype(np.uint64)
+            if action == "store":
+                mem.touch(addresses, 1, who)
+                if mem.store(w.group.cu, addresses.astype(np.int64), values):
+                    seen.append(("woke", list(woken)))
+            elif action == "writeback":
+                mem.writeback(w.group.cu, True)
+            elif action == "invalidate":
+                mem.invalidate(w.group.cu, l1, l2)
+            elif action == "scalar_invalidate":
+                mem.invalidate_scalar(w.group.cu)
+            elif action == "load":
+                seen.append(mem.load(w, addresses, 1, who, through_l1).copy())
+                w.last_load = (addresses, 1)
+            elif action == "scalar":
+                region = memory.region_of(int(addresses[0]), 16, who)
+                seen.append(mem.load_scalar(w, region, int(addresses[0]) - base, 16, through_l1).copy())
+            elif action == "atomic":
+                word = addresses[:1] & ~np.uint64(3)
+                seen.append(mem.atomic(w, word, np.dtype(np.uint32), ATOMICS["add"], [np.ones(1, np.uint32)],
+                                       who).copy())
+            elif w.last_load is not None:
+                mem.poll(w)
+        here = f"{where} step {step} {action}"
+        (mine, *_, mine_seen), (theirs, *_, theirs_seen) = sides
+        assert len(mine_seen) == len(theirs_seen), here
+        for a, b in zip(mine_seen, theirs_seen):
+            if isinstance(a, tuple):
+                assert a == b, here
+            else:
+                np.testing.assert_array_equal(a, b, err_msg=here)
+        assert (mine.written_back, mine.stale_bytes) == (theirs.written_back, theirs.stale_bytes), here
+    for mem, *_ in sides:
+        mem.end()
+    np.testing.assert_array_equal(sides[0][2], sides[1][2], err_msg=where)
+
+
+def test_a_poll_after_one_of_its_cu_on_its_lines_with_nothing_between_changes_nothing():
+    """A poll makes its lines coherent for its CU (write-backs, its caches' copies
+    dropped); a wave of the same CU polling the same lines with no memory access
+    between (the waves of a workgroup at one s_sleep, in lock-step) has nothing
+    left to do (StrictMemory._refreshed). After any mix of stores, write-backs,
+    invalidations, loads, atomics and polls, every read, counter and memory are
+    those of every poll doing it all."""
+    from k2back.emu.coherence import StrictMemory
+
+    class EveryPoll(StrictMemory):
+        def poll(self, w):
+            self._refreshed = None
+            super().poll(w)
+
+    rng = np.random.default_rng(5)
+    kinds = ["store", "writeback", "invalidate", "scalar_invalidate", "load", "scalar", "atomic", "poll"]
+    for trial in range(60):
+        actions = []
+        for _ in range(60):
+            start = int(rng.integers(0, 384 - 64))
+            offsets = np.sort(rng.choice(64, int(rng.integers(1, 16)), replace=False)) + start
+            kind = rng.choice(kinds, p=[.2, .1, .1, .05, .2, .05, .05, .25])
+            wave = int(rng.integers(2)) if kind == "poll" and rng.integers(2) else int(rng.integers(5))
+            actions.append((kind, wave, offsets, rng.integers(0, 256, offsets.size, dtype=np.uint8),
+                            *(bool(b) for b in rng.integers(2, size=3))))
+        _replay(actions, EveryPoll, f"trial {trial}")
+
+
+@pytest.mark.parametrize("event", ["store", "store here", "writeback", "atomic", "invalidate", "load", "scalar",
+                                   "scalar_invalidate", "none"])
+def test_a_poll_after_one_of_its_cu_does_it_all_again_after_any_access(event):
+    """Waves 0 and 1 of workgroup 0 load one line, wave 0 polls it, then `event`
+    (workgroup 1 on another XCD stores into the line and writes back, ...), then
+    wave 1 polls it and both read it: as when every poll does it all."""
+    from k2back.emu.coherence import StrictMemory
+
+    class EveryPoll(StrictMemory):
+        def poll(self, w):
+            self._refreshed = None
+            super().poll(w)
+
+    line, ones = np.arange(0, 128, 8), np.full(16, 7, np.uint8)
+    act = lambda kind, wave, offsets=line, values=None, l1=False, l2=False: (
+        kind, wave, offsets, values, True, l1, l2)
+    before = [act("store", 3, values=ones), act("writeback", 3), act("load", 0), act("load", 1),
+              act("store", 2, values=ones + 1)]  # workgroup 8 (XCD 0) reads the line, workgroup 1 stores it
+    between = {"store": [act("store", 2, values=ones + 2)], "store here": [act("store", 3, values=ones + 3)],
+               "writeback": [act("writeback", 2)], "atomic": [act("atomic", 2)],
+               "invalidate": [act("invalidate", 3, l1=True, l2=True)], "load": [act("load", 3)],
+               "scalar": [act("scalar", 3)], "scalar_invalidate": [act("scalar_invalidate", 0)], "none": []}[event]
+    after = [act("poll", 1), act("load", 0), act("load", 1), act("load", 3), act("poll", 0), act("load", 0)]
+    _replay([*before, act("poll", 0), *between, *after], EveryPoll, event)
