@@ -300,6 +300,28 @@ def test_a_newer_store_overlapping_an_older_one_wins_at_the_write_back(arch):
         np.testing.assert_array_equal(out, np.tile([2, 3], 64), err_msg=memory)
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("wide_first", [False, True])
+def test_overlapping_stores_retired_by_one_waitcnt_leave_the_newer_bytes(arch, wide_first):
+    """Two stores of a wave whose bytes overlap, retired by one s_waitcnt (performed
+    together, in whatever order): memory ends with the newer store's bytes where
+    they overlap, as in the ideal memory (each lane: a dword at 8 i + 4 and a
+    dwordx2 at 8 i, in either order), then a write-back and a kernel end."""
+    dword = "\tglobal_store_dword v1, v2, s[2:3] offset:4\n"
+    pair = "\tglobal_store_dwordx2 v1, v[3:4], s[2:3]\n"
+    body = ("\ts_load_dwordx2 s[2:3], s[0:1], 0x0\n\ts_waitcnt lgkmcnt(0)\n"
+            "\tv_lshlrev_b32_e32 v1, 3, v0\n\tv_mov_b32_e32 v2, 1\n"
+            "\tv_mov_b32_e32 v3, 2\n\tv_mov_b32_e32 v4, 3\n"
+            + (pair + dword if wide_first else dword + pair) + "\tbuffer_wbl2 sc1\n\ts_waitcnt vmcnt(0)")
+    results = {}
+    for memory in ("ideal", "strict"):
+        out = np.zeros(128, np.uint32)
+        run_handwritten(arch, body, out, memory=memory)
+        results[memory] = out
+    np.testing.assert_array_equal(results["ideal"], np.tile([2, 1] if wide_first else [2, 3], 64))
+    np.testing.assert_array_equal(results["strict"], results["ideal"])
+
+
 def test_a_take_of_queued_puts_returns_the_newest_bytes():
     """Overlay.take of plain puts still queued: where two overlap, the newer put's
     bytes, whichever starts lower; apart and ascending, their bytes in address order."""
@@ -373,3 +395,178 @@ def test_an_overlay_holds_what_a_byte_map_would():
             else:
                 np.testing.assert_array_equal(np.unique(overlay.lines()),
                                               sorted({a >> LINE_BITS for a in held}), err_msg=where)
+
+
+def test_a_store_wakes_the_sleepers_on_its_line_in_the_order_they_polled():
+    """The waves sleeping on a polled line are kept in the order they polled, not
+    in the order of their hashes (a set's: ids, which vary from run to run): a
+    store to the line refreshes their CUs' caches and wakes them in poll order.
+    The sleepers here hash in the reverse of their poll order, so a set would
+    wake them backwards."""
+    from types import SimpleNamespace
+
+    from k2back.emu.coherence import StrictMemory
+    from k2back.emu.memory import GlobalMemory
+
+    class Sleeper:
+        def __init__(self, key, cu, addresses):
+            self.key, self.group = key, SimpleNamespace(cu=cu)
+            self.last_load, self.bypass_loads, self.polled_lines = (addresses, 4), [], ()
+
+        def __hash__(self):
+            return self.key
+
+    memory = GlobalMemory()
+    flag = memory.map(np.zeros(64, np.uint32), "flag")
+    woken = []
+    mem = StrictMemory(memory, woken.append)
+    # workgroups on several XCDs, two of them sharing one (0 and 8, 1 and 9)
+    cus = [mem.cu(workgroup) for workgroup in (3, 0, 9, 5, 8, 1, 2, 7)]
+    sleepers = [Sleeper(len(cus) - i, cu, np.array([flag + 4 * i], np.uint64)) for i, cu in enumerate(cus)]
+    for w in sleepers:
+        mem.poll(w)
+    assert list(mem.polled[flag >> 7]) == sleepers
+    mem.unpoll(sleepers[2])  # it polls again: last
+    mem.poll(sleepers[2])
+    order = sleepers[:2] + sleepers[3:] + sleepers[2:3]
+    flat = flag + np.arange(4, dtype=np.int64)
+    assert mem.store(mem.cu(4), flat, np.ones(4, np.uint8))
+    assert woken == order
+
+
+def test_polled_between_is_whether_a_polled_line_lies_in_the_range():
+    """StrictMemory.polled_between (whether a store may reach a sleeper: by the
+    range's lines or by the polled lines, whichever are fewer) against a scan."""
+    from k2back.emu.coherence import StrictMemory
+    from k2back.emu.memory import GlobalMemory
+
+    rng = np.random.default_rng(3)
+    mem = StrictMemory(GlobalMemory(), lambda w: None)
+    for _ in range(300):
+        mem.polled = {int(line): {} for line in rng.integers(0, 64, int(rng.integers(0, 12)))}
+        first = int(rng.integers(0, 64))
+        last = first + int(rng.integers(0, 20))
+        assert mem.polled_between(first, last) == any(first <= line <= last for line in mem.polled)
+
+
+class _Wave:
+    """A wave as StrictMemory sees it."""
+
+    def __init__(self, name, cu):
+        from types import SimpleNamespace
+
+        self.group, self.name = SimpleNamespace(cu=cu), name
+        self.bypass_loads, self.last_load, self.polled_lines = [], None, ()
+
+
+def _replay(actions, reference, where=""):
+    """Run `actions` [(action, wave, byte offsets, values, through_l1, l1, l2)] on a
+    StrictMemory and on `reference` (a subclass): every read, wake-up, counter and
+    memory's bytes in the end must agree. Waves 0 and 1 are two waves of
+    workgroup 0 (one CU), 2..4 workgroups 1, 8 (the XCD of 0) and 3."""
+    from k2back.emu.coherence import StrictMemory
+    from k2back.emu.memory import ATOMICS, GlobalMemory
+
+    who = lambda: "test"
+    sides = []
+    for cls in (StrictMemory, reference):
+        memory = GlobalMemory()
+        data = np.arange(384, dtype=np.uint8)  # three lines: accesses meet often
+        base = memory.map(data, "buf")
+        woken = []
+        mem = cls(memory, lambda w, woken=woken: woken.append(w.name))
+        cus = {g: mem.cu(g) for g in (0, 1, 8, 3)}
+        waves = [_Wave(f"workgroup {g} wave {i}", cus[g]) for i, g in enumerate((0, 0, 1, 8, 3))]
+        sides.append((mem, memory, data, base, waves, woken, []))
+    for step, (action, k, offsets, values, through_l1, l1, l2) in enumerate(actions):
+        for mem, memory, data, base, waves, woken, seen in sides:
+            w = waves[k]
+            addresses = None if offsets is None else (offsets + base).astype(np.uint64)
+            if action == "store":
+                mem.touch(addresses, 1, who)
+                if mem.store(w.group.cu, addresses.astype(np.int64), values):
+                    seen.append(("woke", list(woken)))
+            elif action == "writeback":
+                mem.writeback(w.group.cu, True)
+            elif action == "invalidate":
+                mem.invalidate(w.group.cu, l1, l2)
+            elif action == "scalar_invalidate":
+                mem.invalidate_scalar(w.group.cu)
+            elif action == "load":
+                seen.append(mem.load(w, addresses, 1, who, through_l1).copy())
+                w.last_load = (addresses, 1)
+            elif action == "scalar":
+                region = memory.region_of(int(addresses[0]), 16, who)
+                seen.append(mem.load_scalar(w, region, int(addresses[0]) - base, 16, through_l1).copy())
+            elif action == "atomic":
+                word = addresses[:1] & ~np.uint64(3)
+                seen.append(mem.atomic(w, word, np.dtype(np.uint32), ATOMICS["add"], [np.ones(1, np.uint32)],
+                                       who).copy())
+            elif w.last_load is not None:
+                mem.poll(w)
+        here = f"{where} step {step} {action}"
+        (mine, *_, mine_seen), (theirs, *_, theirs_seen) = sides
+        assert len(mine_seen) == len(theirs_seen), here
+        for a, b in zip(mine_seen, theirs_seen):
+            if isinstance(a, tuple):
+                assert a == b, here
+            else:
+                np.testing.assert_array_equal(a, b, err_msg=here)
+        assert (mine.written_back, mine.stale_bytes) == (theirs.written_back, theirs.stale_bytes), here
+    for mem, *_ in sides:
+        mem.end()
+    np.testing.assert_array_equal(sides[0][2], sides[1][2], err_msg=where)
+
+
+def test_a_poll_after_one_of_its_cu_on_its_lines_with_nothing_between_changes_nothing():
+    """A poll makes its lines coherent for its CU (write-backs, its caches' copies
+    dropped); a wave of the same CU polling the same lines with no memory access
+    between (the waves of a workgroup at one s_sleep, in lock-step) has nothing
+    left to do (StrictMemory._refreshed). After any mix of stores, write-backs,
+    invalidations, loads, atomics and polls, every read, counter and memory are
+    those of every poll doing it all."""
+    from k2back.emu.coherence import StrictMemory
+
+    class EveryPoll(StrictMemory):
+        def poll(self, w):
+            self._refreshed = None
+            super().poll(w)
+
+    rng = np.random.default_rng(5)
+    kinds = ["store", "writeback", "invalidate", "scalar_invalidate", "load", "scalar", "atomic", "poll"]
+    for trial in range(60):
+        actions = []
+        for _ in range(60):
+            start = int(rng.integers(0, 384 - 64))
+            offsets = np.sort(rng.choice(64, int(rng.integers(1, 16)), replace=False)) + start
+            kind = rng.choice(kinds, p=[.2, .1, .1, .05, .2, .05, .05, .25])
+            wave = int(rng.integers(2)) if kind == "poll" and rng.integers(2) else int(rng.integers(5))
+            actions.append((kind, wave, offsets, rng.integers(0, 256, offsets.size, dtype=np.uint8),
+                            *(bool(b) for b in rng.integers(2, size=3))))
+        _replay(actions, EveryPoll, f"trial {trial}")
+
+
+@pytest.mark.parametrize("event", ["store", "store here", "writeback", "atomic", "invalidate", "load", "scalar",
+                                   "scalar_invalidate", "none"])
+def test_a_poll_after_one_of_its_cu_does_it_all_again_after_any_access(event):
+    """Waves 0 and 1 of workgroup 0 load one line, wave 0 polls it, then `event`
+    (workgroup 1 on another XCD stores into the line and writes back, ...), then
+    wave 1 polls it and both read it: as when every poll does it all."""
+    from k2back.emu.coherence import StrictMemory
+
+    class EveryPoll(StrictMemory):
+        def poll(self, w):
+            self._refreshed = None
+            super().poll(w)
+
+    line, ones = np.arange(0, 128, 8), np.full(16, 7, np.uint8)
+    act = lambda kind, wave, offsets=line, values=None, l1=False, l2=False: (
+        kind, wave, offsets, values, True, l1, l2)
+    before = [act("store", 3, values=ones), act("writeback", 3), act("load", 0), act("load", 1),
+              act("store", 2, values=ones + 1)]  # workgroup 8 (XCD 0) reads the line, workgroup 1 stores it
+    between = {"store": [act("store", 2, values=ones + 2)], "store here": [act("store", 3, values=ones + 3)],
+               "writeback": [act("writeback", 2)], "atomic": [act("atomic", 2)],
+               "invalidate": [act("invalidate", 3, l1=True, l2=True)], "load": [act("load", 3)],
+               "scalar": [act("scalar", 3)], "scalar_invalidate": [act("scalar_invalidate", 0)], "none": []}[event]
+    after = [act("poll", 1), act("load", 0), act("load", 1), act("load", 3), act("poll", 0), act("load", 0)]
+    _replay([*before, act("poll", 0), *between, *after], EveryPoll, event)

@@ -329,3 +329,27 @@ def test_vector_memory_of_waves_in_slots_apart_runs_gathered_as_one_workgroup_at
     for stats in (by_group, alone):
         mine, theirs = dataclasses.asdict(across), dataclasses.asdict(stats)
         assert {k: mine[k] for k in SAME_COUNTERS} == {k: theirs[k] for k in SAME_COUNTERS}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_batched_store_gives_each_wave_the_span_of_its_own_bytes(arch, monkeypatch):
+    """A store a batch runs once issues each wave's store of its own lanes with its
+    lowest and highest byte computed for all waves at once (DecodeContext.store):
+    they are those of the wave's bytes (what decides whether it performs in pieces
+    and whether it may reach a polled line)."""
+    from k2back.emu import inflight
+
+    issued = []
+    issue_store = inflight.issue_store
+
+    def spy(w, ins, mem, flat, values, span=None):
+        issued.append((span, int(flat.min()), int(flat.max())))
+        return issue_store(w, ins, mem, flat, values, span)
+    monkeypatch.setattr(inflight, "issue_store", spy)
+    x = rng(23).integers(0, 2**32, 1024, dtype=np.uint64).astype(np.uint32)
+    out, out2 = np.zeros(256 * GROUPS, np.uint32), np.zeros(256 * GROUPS, np.uint32)
+    run(VMEM_GROUPS, arch, "vmem", {"x": x, "out": out, "out2": out2}, grid=(GROUPS,), block=(256,),
+        machine=Machine(arch))
+    given = [(span, (low, high)) for span, low, high in issued if span is not None]
+    assert len(given) > len(issued) // 2  # most were batched
+    assert all(span == bytes_ for span, bytes_ in given)

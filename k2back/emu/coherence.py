@@ -631,7 +631,13 @@ class StrictMemory(IdealMemory):
         super().__init__(memory)
         self.wake = wake  # fn(wave): a sleeping wave runs again at once
         self.l2s = [L2(i) for i in range(XCDS)]
-        self.polled = {}  # line -> {waves sleeping on it}
+        # what a poll made coherent (_refreshed: the count of `changes` then, the CU, the lines): a poll
+        # of the same lines from the same CU with no access since has nothing to write back or drop.
+        # `changes` counts every access that may leave it some (a load, by which a sleeper stops
+        # polling, after which stores to its lines stay dirty; the others to be sure)
+        self.changes, self._refreshed = 0, None
+        self.polled = {}  # line -> {wave sleeping on it: None}, in the order they polled (a dict, not
+        # a set: the caches refreshed and the waves woken in an order that does not hang on ids)
 
     def cu(self, workgroup: int) -> Cu:
         return Cu(self.l2s[workgroup % XCDS])
@@ -642,6 +648,7 @@ class StrictMemory(IdealMemory):
         """Memory's bytes, read at once, then each CU's view of its lanes' (`cus`,
         for several workgroups' waves, in their order; else w's CU, all lanes):
         a CU's caches change no byte another CU reads."""
+        self.changes += 1
         data, touched = self.memory.read_touched(addresses, size, who)
         if not touched and through_l1:
             base = self.memory.region_of(int(addresses[0]), size, who).base
@@ -684,6 +691,7 @@ class StrictMemory(IdealMemory):
         data.reshape(-1)[late] = newest
 
     def load_scalar(self, w, region, start: int, count: int, cached: bool) -> np.ndarray:
+        self.changes += 1
         values = region.data[start:start + count].copy()
         cu = w.group.cu
         if not region.touched:
@@ -711,6 +719,7 @@ class StrictMemory(IdealMemory):
         """Perform a store: dirty in the XCD's L2, seen by the CU's own L1 (write-
         through). Returns whether it reached a line some wave sleeps on. `span`:
         (flat.min(), flat.max()) when the caller knows them."""
+        self.changes += 1
         l2 = cu.l2
         low, high = (int(flat.min()), int(flat.max())) if span is None else span
         first, last = low >> LINE_BITS, high >> LINE_BITS
@@ -724,7 +733,12 @@ class StrictMemory(IdealMemory):
 
     def polled_between(self, first: int, last: int) -> bool:
         """Whether a wave sleeps on a line from `first` to `last`."""
-        return any(first <= line <= last for line in self.polled)  # a flag's few lines
+        polled = self.polled
+        if not polled:
+            return False
+        if last - first < len(polled):  # the fewer: the lines of the range, or the polled lines
+            return any(line in polled for line in range(first, last + 1))
+        return any(first <= line <= last for line in polled)
 
     def _read_by_others(self, l2, first: int, last: int, keep) -> bool:
         """Whether a CU cache of `l2` other than `keep` may hold some of lines
@@ -740,6 +754,7 @@ class StrictMemory(IdealMemory):
     def atomic(self, w, addresses, dtype, update, sources, who):
         """Performed at memory, after the XCD's own dirty copy of the bytes; the L1
         is bypassed (it keeps what it held)."""
+        self.changes += 1
         cu = w.group.cu
         l2 = cu.l2
         flat = byte_addresses(addresses, dtype.itemsize)
@@ -762,6 +777,7 @@ class StrictMemory(IdealMemory):
             self._write_back(cu.l2, cu.l2.dirty.take())
 
     def _write_back(self, l2: L2, taken) -> None:
+        self.changes += 1
         if taken is None:
             return
         flat, values = taken
@@ -826,6 +842,7 @@ class StrictMemory(IdealMemory):
 
     def invalidate(self, cu, l1: bool, l2: bool) -> None:
         """buffer_inv: sc0 drops the CU's L1, sc1 also every clean line of its L2."""
+        self.changes += 1
         if l1 or l2:
             cu.l1.invalidate()
         if l2 and cu.l2.stale:
@@ -834,6 +851,7 @@ class StrictMemory(IdealMemory):
             cu.l2.stale = Overlay()
 
     def invalidate_scalar(self, cu) -> None:
+        self.changes += 1
         cu.scalar.invalidate()
 
     # ------------------------------------------------------------------ polls
@@ -855,18 +873,21 @@ class StrictMemory(IdealMemory):
             lines = sorted_lines(*loads[0])
         else:
             lines = sorted(set().union(*(sorted_lines(*load) for load in loads)))
-        self._write_back_lines(lines)  # (each line's bytes its own: the order of lines is immaterial)
         cu = w.group.cu
+        if self._refreshed != (self.changes, cu, lines):  # (else: a wave of the CU just did, in lock-step)
+            self._write_back_lines(lines)  # (each line's bytes its own: the order of lines is immaterial)
+            for line in lines:
+                self._refresh(line, cu)
+            self._refreshed = (self.changes, cu, lines)
         for line in lines:
-            self._refresh(line, cu)
-            self.polled.setdefault(line, set()).add(w)
+            self.polled.setdefault(line, {})[w] = None
         w.polled_lines = lines
 
     def unpoll(self, w) -> None:
         for line in w.polled_lines:
             waves = self.polled.get(line)
             if waves is not None:
-                waves.discard(w)
+                waves.pop(w, None)
                 if not waves:
                     del self.polled[line]
         w.polled_lines = ()
@@ -912,5 +933,6 @@ class StrictMemory(IdealMemory):
 
     def end(self) -> None:
         """The end-of-kernel release: every L2 writes back."""
+        self.changes += 1
         for l2 in self.l2s:
             self._write_back(l2, l2.dirty.take())

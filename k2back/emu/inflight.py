@@ -101,15 +101,16 @@ def issue_vm(w, ins, dst: int = 0) -> None:
     _expect(w, w.vm, Load(ins, dst))
 
 
-def issue_store(w, ins, mem, flat: np.ndarray, values: np.ndarray) -> None:
-    """A store (`flat`, `values`: its bytes, every lane's): covering more than one
-    single-copy atomic piece, its phases perform one by one (coherence.store_phases),
-    a sleeper woken by one sees it before the next (_phases: computed when it
-    performs, and only if a wave sleeps on its lines)."""
+def issue_store(w, ins, mem, flat: np.ndarray, values: np.ndarray, span=None) -> None:
+    """A store (`flat`, `values`: its bytes, every lane's; `span`: (flat.min(),
+    flat.max()) when the caller knows them): covering more than one single-copy
+    atomic piece, its phases perform one by one (coherence.store_phases), a sleeper
+    woken by one sees it before the next (_phases: computed when it performs, and
+    only if a wave sleeps on its lines)."""
     op = Op(ins, STORE, done=not mem.strict)
     op.flat, op.values = flat, values
     if mem.strict:
-        op.span = int(flat.min()), int(flat.max())
+        op.span = (int(flat.min()), int(flat.max())) if span is None else span
         if op.span[0] // ATOM != op.span[1] // ATOM:  # more than one single-copy atomic piece
             op.parts = TORN  # its phases, when it performs (_perform)
         w.unperformed += 1
@@ -191,6 +192,23 @@ def retire_vm(w, keep: int, mem, progress) -> bool:
         return False
     if w.unperformed:
         batch = list(itertools.islice(queue, count))
+        if _unwatched(batch, mem):
+            cu = w.group.cu
+            for op in batch:  # stores in program order (whole: _phases), a newer one's bytes overwriting
+                if op.kind == STORE:  # an older one's
+                    op.done, op.parts = True, None
+                    mem.store(cu, op.flat, op.values, op.span)
+            for op in batch:
+                if not op.done:  # the write-backs, last
+                    op.done = True
+                    mem.writeback(cu, op.perform)
+            w.unperformed -= sum(1 for op in batch if op.kind != LOAD)
+            progress()
+            pending, take = w.pending, queue.popleft
+            for _ in range(count):
+                pending &= ~take().dst
+            w.pending = pending
+            return False
         # newest store first, write-backs last (after their wave's older stores)
         todo = [i for i in range(count - 1, -1, -1) if not batch[i].done and batch[i].kind == STORE]
         todo += [i for i, op in enumerate(batch) if not op.done and op.kind != STORE]
@@ -211,6 +229,26 @@ def retire_vm(w, keep: int, mem, progress) -> bool:
         pending &= ~take().dst
     w.pending = pending
     return False
+
+
+def _unwatched(batch, mem) -> bool:
+    """Whether the stores and write-backs of a retired `batch` may perform at once in
+    program order (retire_vm): none is performed yet (no newer one holds its bytes
+    already) and no wave sleeps on a line a store writes (none wakes a sleeper, so
+    nothing runs between them, and each byte ends up the newest store's in the
+    L2 either way: newest first, an older store skips a newer one's bytes)."""
+    low = high = None
+    for op in batch:
+        if op.kind != LOAD:
+            if op.done:
+                return False
+            if op.kind == STORE:
+                first, last = op.span
+                if low is None:
+                    low, high = first, last
+                else:
+                    low, high = min(low, first), max(high, last)
+    return low is None or not mem.polled_between(low >> LINE_BITS, high >> LINE_BITS)
 
 
 def _perform(w, op, mem, newer) -> bool:

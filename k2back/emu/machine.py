@@ -42,6 +42,7 @@ import collections
 import contextlib
 import dataclasses
 import gc
+import itertools
 
 import numpy as np
 
@@ -193,10 +194,16 @@ class DecodeContext:
             else:
                 inflight.issue_vm(w, ins)
             return
-        bounds = _wave_bounds(owners, len(w.waves), size)
-        for v, a, b in zip(w.waves, bounds, bounds[1:]):
+        lanes = _wave_bounds(owners, len(w.waves))
+        spans = None
+        if self.mem.strict and addresses.size:  # each wave's (lowest, highest) byte, at once
+            starts = [a for a, b in itertools.pairwise(lanes) if a < b]
+            spans = iter(zip(np.minimum.reduceat(addresses, starts).tolist(),
+                             (np.maximum.reduceat(addresses, starts) + np.uint64(size - 1)).tolist()))
+        for v, a, b in zip(w.waves, lanes, lanes[1:]):
             if a < b:
-                inflight.issue_store(v, ins, self.mem, flat[a:b], values[a:b])
+                inflight.issue_store(v, ins, self.mem, flat[a * size:b * size], values[a * size:b * size],
+                                     spans and next(spans))
             elif v.exec:
                 inflight.issue_vm(v, ins)
 
@@ -830,10 +837,10 @@ def _gather_spans(scoreboard, batchable, classes) -> list:
             for (reads, writes, _), batch, cls in zip(scoreboard.effects, batchable, classes)]
 
 
-def _wave_bounds(owners, waves: int, scale: int = 1) -> list[int]:
+def _wave_bounds(owners, waves: int) -> list[int]:
     """Where each of a batch's `waves` begins in its active lanes (`owners`: each
-    lane's wave, ascending), times `scale` (bytes a lane), and the end."""
-    return (np.searchsorted(owners, np.arange(waves + 1)) * scale).tolist()
+    lane's wave, ascending), and the end."""
+    return np.searchsorted(owners, np.arange(waves + 1)).tolist()
 
 
 def _note_load(mem, w, addresses, size: int, through_l1: bool) -> None:
