@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import llvmlite.binding as llvm
 import pytest
 
-from k2back.cli import int_list
+from k2back.cli import int_list, main
 from k2back.codegen.compiler import IRSource
 from k2back.codegen.compiler import compile as compile_source
 from k2back.codegen.testing import MIXED_IR
@@ -63,6 +63,34 @@ def test_cache_ls_size_clear(tmp_path, monkeypatch):
     cleared = k2back("cache", "clear", cache_dir=tmp_path)
     assert cleared.returncode == 0 and "removed 1 entries" in cleared.stdout
     assert "mixed" not in k2back("cache", "ls", cache_dir=tmp_path).stdout
+
+
+NO_TORCH = """
+import sys
+from k2back.cli import main
+for argv in (["cache", "ls"], ["cache", "size"]):
+    assert main(argv) == 0
+assert "torch" not in sys.modules, "torch was imported"
+"""
+
+
+def test_cache_commands_start_without_torch(tmp_path):
+    """torch takes ~2 s to import: `k2back cache ...` has no use for it."""
+    done = subprocess.run([sys.executable, "-c", NO_TORCH], check=False, capture_output=True,
+                          text=True, timeout=120,
+                          env={**os.environ, "K2BACK_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_commands_help_lists_its_configuration_flags(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["warmup", "--help"])
+    shown = capsys.readouterr().out
+    assert done.value.code == 0
+    assert "comma lists and ranges allowed" in shown
+    for flag in ("--geometry", "--ratio", "--swa-fp8", "--comp-fp8", "--jobs"):
+        assert flag in shown
+    assert "of (0, 1, 2)" in shown  # config.RATIOS
 
 
 # ---- commands that build the K2 kernel ---------------------------------------------------

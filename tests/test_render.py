@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jinja2
 import pytest
 
 import k2back
@@ -119,3 +120,40 @@ def test_the_spec_json_alone_determines_the_ir(arch):
         again = KernelSpec.from_json(spec.to_json())
         assert render.KernelSource(again).render() == render.KernelSource(spec).render()
         assert render.KernelSource(again).key() == render.KernelSource(spec).key()
+
+
+# --- the templates' compiled code is kept in the cache dir ---------------------
+
+def fresh_environment(templates: Path = render.TEMPLATES):
+    """render.environment() as a new process makes it (the cached one has compiled
+    its templates already)."""
+    return render.environment.__wrapped__(templates)
+
+
+def test_a_new_process_renders_from_compiled_templates(tmp_path, monkeypatch):
+    monkeypatch.setenv("K2BACK_CACHE_DIR", str(tmp_path))
+    spec = plan("tiny", 4, 3, 2, "gfx950")
+    want = render.KernelSource(spec).render()
+    first = fresh_environment().get_template("kernel.ll.j2").render(**render.arguments(spec, render.STAGES, spec.name))
+    kept = list((tmp_path / ".templates").rglob("*.cache"))
+    assert len(kept) >= 2  # kernel.ll.j2 and what it includes
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("a template was compiled although its code is in the cache dir")
+
+    monkeypatch.setattr(jinja2.Environment, "compile", no_compiling)
+    again = fresh_environment().get_template("kernel.ll.j2").render(**render.arguments(spec, render.STAGES, spec.name))
+    assert first == again == want
+
+
+def test_an_edited_template_compiles_anew(tmp_path, monkeypatch):
+    monkeypatch.setenv("K2BACK_CACHE_DIR", str(tmp_path / "cache"))
+    templates = tmp_path / "templates"
+    shutil.copytree(render.TEMPLATES, templates)
+    spec = plan("tiny", 4, 3, 2, "gfx942")
+    arguments = render.arguments(spec, render.STAGES, spec.name)
+    before = fresh_environment(templates).get_template("kernel.ll.j2").render(**arguments)
+    included = templates / "gemv.ll.j2"  # a template kernel.ll.j2 includes, edited
+    included.write_text("; edited\n" + included.read_text())
+    after = fresh_environment(templates).get_template("kernel.ll.j2").render(**arguments)
+    assert "; edited" not in before and "; edited" in after

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from pathlib import Path
 
 import jinja2
 
+from k2back import knobs, logger
 from k2back.codegen import signature
 from k2back.codegen.plan import KernelSpec
 
@@ -17,14 +19,44 @@ STAGES = ("split", "combine", "wo_a", "wo_b")  # execution order on a CTA
 ATTENTION_STAGES = ("split", "combine")  # split.ll.j2 / combine.ll.j2 (attention helper)
 
 
+# The options that change how a template's text compiles (its code, not its output's
+# inputs); they name the directory of the compiled templates.
+SYNTAX = {"trim_blocks": True, "lstrip_blocks": True, "keep_trailing_newline": True}
+
+
+class CompiledTemplates(jinja2.FileSystemBytecodeCache):
+    """The templates' compiled code in the code-object cache dir, so that a
+    process renders without compiling them (~0.5 s a process, every template
+    the kernel includes). Jinja keys a file by template name and checks it
+    against the sha1 of the template's text: an edited template compiles anew.
+    The directory names what else goes into the code: jinja2's version and
+    SYNTAX (the Python version is in jinja's header of every file). It is
+    looked up at each use: the cache dir is a knob (K2BACK_CACHE_DIR)."""
+
+    def __init__(self):  # not jinja's: its default directory is a temp dir of its own
+        self.pattern = "__jinja2_%s.cache"
+
+    @property
+    def directory(self) -> str:
+        options = ",".join(f"{k}={v}" for k, v in sorted(SYNTAX.items()))
+        tag = hashlib.sha256(f"{jinja2.__version__}\0{options}".encode()).hexdigest()[:16]
+        return str(knobs.cache_dir() / ".templates" / tag)
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            super().dump_bytecode(bucket)  # a temp file renamed into place
+        except OSError as e:  # an accelerator only: the next process compiles again
+            logger.debug("k2back: compiled template not kept: %s", e)
+
+
 @functools.cache
-def environment() -> jinja2.Environment:
+def environment(templates: Path = TEMPLATES) -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
+        loader=jinja2.FileSystemLoader(templates),
         undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
+        bytecode_cache=CompiledTemplates(),
+        **SYNTAX,
     )
 
 
@@ -63,10 +95,10 @@ class KernelSource:
 
     def render(self) -> str:
         return environment().get_template("kernel.ll.j2").render(
-            spec=self.spec,
-            stages=self.stages,
-            attention_stages=ATTENTION_STAGES,
-            name=self.name,
-            params=signature.params(),
-            forward=signature.forward(),
-        )
+            **arguments(self.spec, self.stages, self.name))
+
+
+def arguments(spec: KernelSpec, stages: tuple[str, ...], name: str) -> dict:
+    """What kernel.ll.j2 renders from."""
+    return {"spec": spec, "stages": stages, "attention_stages": ATTENTION_STAGES, "name": name,
+            "params": signature.params(), "forward": signature.forward()}
