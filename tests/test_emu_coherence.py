@@ -8,10 +8,13 @@ poll. Each case names exactly the consumers that must read the new words; the
 others must read the old ones (0). The ideal memory gives every consumer the new
 words in every case: the differences are the model's."""
 
+import gc
+
 import numpy as np
 import pytest
 
 from k2back.emu import Machine
+from k2back.emu.coherence import L2, PrivateCache
 from k2back.emu.testing import ARCHS, assemble, module, run, run_handwritten
 
 DECLS = """
@@ -210,6 +213,28 @@ def test_a_missing_acquire_reads_the_previous_launch(arch):
     second = launch(arch, ir, data, 2000)
     np.testing.assert_array_equal(second[8], np.arange(64) + 2000)
     np.testing.assert_array_equal(second[1:8], np.broadcast_to(np.arange(64) + 1000, (7, 64)))
+
+
+def test_a_launch_leaves_no_cache_cycles_for_the_collector():
+    """At its end a strict launch's caches are freed by reference count: none of
+    its L2s or CU caches is left in a reference cycle (cyclic garbage costs
+    every later collection a walk of the process's objects, torch's too)."""
+    ir = handoff(scalar=0, early_read=True)  # vector and scalar caches hold lines
+    launch("gfx942", ir, np.zeros(64, np.int32), 1000)  # compile outside the count
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        launch("gfx942", ir, np.zeros(64, np.int32), 1000)
+        gc.collect()
+        caches = [type(o).__name__ for o in gc.garbage if isinstance(o, (PrivateCache, L2))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        if enabled:
+            gc.enable()
+    assert caches == []
 
 
 def test_an_overlays_waiting_puts_act_as_done_at_once():

@@ -546,11 +546,6 @@ def decode_smem(ins, ctx):
         the first loads through the CU's scalar cache, those after it take its
         words and count what it counted (what they would load: nothing comes
         between, no store, no other load)."""
-        # (timing mode charges each wave its own access; an exec offset reads no SGPR)
-        if op != "s" or k is None and constant is None or ctx.machine._timer is not None:
-            for w in waves:
-                load(w)
-            return
         mem, seen, words, stale = ctx.mem, None, None, 0
         size = 4 * count
         for w in waves:
@@ -567,7 +562,10 @@ def decode_smem(ins, ctx):
             region.read += size
             s[first:first + count] = words
             inflight.issue_smem(w, ins, dst_bits)
-    load.cohort = load_over
+
+    # (timing mode charges each wave its own access; an exec offset reads no SGPR)
+    if op == "s" and (k is not None or constant is not None) and not ctx.machine.timing:
+        load.cohort = load_over  # (which does not call `load`: no reference cycle a launch)
     return load
 
 
