@@ -98,20 +98,6 @@ class Wave:
         self.lds = deque()  # lgkmcnt, LDS (in order)
         self.smem = deque()  # lgkmcnt, SMEM (out of order)
 
-    def __getattr__(self, name: str):
-        """`r`, `f`, `i`, its vector registers as u32, f32 and i32 views (its rows of
-        the launch's Grid), made at first use: a wave that only ever runs in
-        batches (state.Batch views the Grid's rows at once) never needs them, and
-        a grid of thousands of waves would make three numpy views a wave."""
-        if name in ("r", "f", "i"):
-            group = self.group
-            if group is not None:
-                rows = group.grid.registers[self.slot]
-                self.r, self.f, self.i = rows, rows.view(np.float32), rows.view(np.int32)
-                group.grid.viewed.append(self)
-                return getattr(self, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
     def set_exec(self, value: int) -> None:
         self.group.exec_epoch += 1  # the workgroup's batches read their masks again
         value &= M64  # exec_state, inline (every s_*_saveexec of every wave sets it)
@@ -143,7 +129,7 @@ class Grid:
     instruction of several workgroups' waves executes once too, each lane
     addressing its own workgroup's row (memops.py)."""
 
-    __slots__ = ("batches", "lds", "lds_cells", "registers", "viewed", "waves")
+    __slots__ = ("batches", "lds", "lds_cells", "registers", "waves")
 
     def __init__(self, waves: int, vector_registers: int, workgroups: int = 1, lds_bytes: int = 0):
         self.registers = np.zeros((waves, vector_registers, LANES), dtype=np.uint32)
@@ -153,7 +139,6 @@ class Grid:
         self.lds_cells = (flat, flat.view("<u4"))
         self.waves: list[Wave] = []  # by slot
         self.batches = {}  # (first slot, last slot + 1) -> Batch
-        self.viewed: list[Wave] = []  # waves that made their register views (Wave.__getattr__)
 
     def start(self, workgroups: list[tuple], execs: list[tuple], lds_bytes: int) -> list[Workgroup]:
         """Start `workgroups`, (index, id, CU caches (coherence.Cu), initial scalar
@@ -162,7 +147,8 @@ class Grid:
         each with `lds_bytes` of LDS (its row of `lds`). In one pass over the
         waves, one assignment a field (a grid starts thousands): a wave's scalar
         file is a copy of its workgroup's; its counter queues are empty
-        (`release`), its vector registers viewed at first use (Wave.__getattr__)."""
+        (`release`); its vector registers are its rows of `registers` as u32, f32
+        and i32 views (made in bulk: numpy's iteration over the three views)."""
         per, first = len(execs), len(self.waves)
         row = first // per  # workgroups before them in the grid
         stride, cells = self.lds.shape[1], self.lds_cells
@@ -170,6 +156,8 @@ class Grid:
         groups = []
         new = Workgroup.__new__
         slot = first
+        registers = self.registers[first:]
+        rows = zip(registers, registers.view(np.float32), registers.view(np.int32))
         for (index, group_id, cu, sgprs), lds in zip(workgroups, self.lds[row:row + len(workgroups), :max(lds_bytes, 4)]):
             g = new(Workgroup)
             g.index, g.id, g.cu, g.grid = index, group_id, cu, self
@@ -177,8 +165,9 @@ class Grid:
             g.exec_epoch = g.arrived = 0  # exec_epoch: counts exec writes of its waves (Batch.read_exec)
             g.live = per  # its waves not done (s_endpgm counts them down)
             g.waves = mine = waves[slot - first:slot - first + per]
-            for k, w, (value, full, mask) in zip(range(per), mine, execs):
+            for k, w, (value, full, mask), (r, f, i) in zip(range(per), mine, execs, rows):
                 w.s[:] = sgprs
+                w.r, w.f, w.i = r, f, i  # its rows of the launch's registers
                 w.group = g
                 w.index = k  # in its workgroup
                 w.slot = slot  # in the launch (Grid.waves)
@@ -217,10 +206,7 @@ class Grid:
         (machine.decode_control: `end`, `end_all`; a launch that raised does not
         release its waves)."""
         for w in self.waves:
-            w.group = None
-        for w in self.viewed:
-            del w.r, w.f, w.i
-        self.viewed = []
+            w.group = w.r = w.f = w.i = None
         self.batches.clear()
         keep, self.waves = self.waves[:max(0, SPARE_WAVES - len(_SPARE))], []
         _SPARE.extend(reversed(keep))  # the first to start last
