@@ -3,8 +3,9 @@
 Every command takes the same configuration flags; `warmup` builds every
 combination of their lists, the others take exactly one configuration.
 
-Importing this module imports no torch (k2back.config and k2back.formats do, ~2 s):
-a command that has no use for it (`cache`, `--version`, `--help`) starts at once.
+Importing this module imports no torch (~2 s), nor do the configuration and the
+planner: a command that has no use for it (`cache`, `plan`, `--version`, `--help`)
+starts at once.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ CONFIG_FIELDS = ("geometry", "arch", "tp", "ratio", "tokens", "swa_fp8", "comp_f
 def config_flags() -> dict:
     """Config field -> (parser of its flag's text, default, help), for CONFIG_FIELDS."""
     from k2back.config import RATIOS
-    from k2back.formats import FP8_CHOICES
+    from k2back.kv_format import FP8_CHOICES
 
     fp8_list = choice_list(FP8_CHOICES)
     return {

@@ -67,15 +67,19 @@ def test_cache_ls_size_clear(tmp_path, monkeypatch):
 
 NO_TORCH = """
 import sys
+import k2back.codegen.plan, k2back.config
 from k2back.cli import main
-for argv in (["cache", "ls"], ["cache", "size"]):
+for argv in (["cache", "ls"], ["cache", "size"],
+             ["plan", "--geometry", "tiny", "--tp", "4", "--ratio", "2", "--arch", "gfx942",
+              "--tokens", "16"]):
     assert main(argv) == 0
 assert "torch" not in sys.modules, "torch was imported"
 """
 
 
-def test_cache_commands_start_without_torch(tmp_path):
-    """torch takes ~2 s to import: `k2back cache ...` has no use for it."""
+def test_cache_and_plan_commands_start_without_torch(tmp_path):
+    """torch takes ~2 s to import: `k2back cache ...`, `k2back plan`, the
+    planner and the configuration have no use for it."""
     done = subprocess.run([sys.executable, "-c", NO_TORCH], check=False, capture_output=True,
                           text=True, timeout=120,
                           env={**os.environ, "K2BACK_CACHE_DIR": str(tmp_path)})
