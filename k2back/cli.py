@@ -4,8 +4,8 @@ Every command takes the same configuration flags; `warmup` builds every
 combination of their lists, the others take exactly one configuration.
 
 Importing this module imports no torch (~2 s), nor do the configuration and the
-planner: a command that has no use for it (`cache`, `plan`, `--version`, `--help`)
-starts at once.
+planner and the build (k2back.codegen.build): a command that has no use for it
+(`cache`, `plan`, `dump`, `warmup`, `--version`, `--help`) starts at once.
 """
 
 from __future__ import annotations
@@ -154,10 +154,10 @@ def table(rows: list[tuple], header: tuple) -> str:
 
 def build(config: Config) -> tuple[Config, str, str]:
     """(config, built | cached | failed, detail), in a builder thread or process."""
-    from k2back import ops
+    from k2back.codegen.build import build as build_kernel
 
     try:
-        _, kernel = ops.build(config)
+        _, kernel = build_kernel(config)
     except Exception as e:  # noqa: BLE001 -- a failed build is a row of the report, not the end
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return config, "failed", f"{type(e).__name__}: {first_line}"
@@ -166,7 +166,8 @@ def build(config: Config) -> tuple[Config, str, str]:
 
 def builders(jobs: int, verbosity: int):
     """Where warmup builds: in this process for one job (no interpreter to
-    start), else in `jobs` fresh ones (spawned: a forked torch is unsafe)."""
+    start), else in `jobs` fresh ones (spawned: nothing of this process is forked;
+    they import no torch)."""
     if jobs == 1:
         return ThreadPoolExecutor(max_workers=1)
     return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
@@ -217,9 +218,9 @@ def dump_sections(spec, kernel) -> dict[str, str]:
 
 def cmd_dump(parser, args) -> int:
     config = one_config(parser, args)
-    from k2back import ops
+    from k2back.codegen.build import build
 
-    spec, kernel = ops.build(config, timeline=args.timeline)
+    spec, kernel = build(config, timeline=args.timeline)
     sections = dump_sections(spec, kernel)
     if args.out is None:
         for name, text in sections.items():
