@@ -3,8 +3,9 @@
 Every command takes the same configuration flags; `warmup` builds every
 combination of their lists, the others take exactly one configuration.
 
-Importing this module imports no torch (k2back.config and k2back.formats do, ~2 s):
-a command that has no use for it (`cache`, `--version`, `--help`) starts at once.
+Importing this module imports no torch (~2 s), nor do the configuration and the
+planner and the build (k2back.codegen.build): a command that has no use for it
+(`cache`, `plan`, `dump`, `warmup`, `--version`, `--help`) starts at once.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ CONFIG_FIELDS = ("geometry", "arch", "tp", "ratio", "tokens", "swa_fp8", "comp_f
 def config_flags() -> dict:
     """Config field -> (parser of its flag's text, default, help), for CONFIG_FIELDS."""
     from k2back.config import RATIOS
-    from k2back.formats import FP8_CHOICES
+    from k2back.kv_format import FP8_CHOICES
 
     fp8_list = choice_list(FP8_CHOICES)
     return {
@@ -153,10 +154,10 @@ def table(rows: list[tuple], header: tuple) -> str:
 
 def build(config: Config) -> tuple[Config, str, str]:
     """(config, built | cached | failed, detail), in a builder thread or process."""
-    from k2back import ops
+    from k2back.codegen.build import build as build_kernel
 
     try:
-        _, kernel = ops.build(config)
+        _, kernel = build_kernel(config)
     except Exception as e:  # noqa: BLE001 -- a failed build is a row of the report, not the end
         first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         return config, "failed", f"{type(e).__name__}: {first_line}"
@@ -165,7 +166,8 @@ def build(config: Config) -> tuple[Config, str, str]:
 
 def builders(jobs: int, verbosity: int):
     """Where warmup builds: in this process for one job (no interpreter to
-    start), else in `jobs` fresh ones (spawned: a forked torch is unsafe)."""
+    start), else in `jobs` fresh ones (spawned: nothing of this process is forked;
+    they import no torch)."""
     if jobs == 1:
         return ThreadPoolExecutor(max_workers=1)
     return ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
@@ -216,9 +218,9 @@ def dump_sections(spec, kernel) -> dict[str, str]:
 
 def cmd_dump(parser, args) -> int:
     config = one_config(parser, args)
-    from k2back import ops
+    from k2back.codegen.build import build
 
-    spec, kernel = ops.build(config, timeline=args.timeline)
+    spec, kernel = build(config, timeline=args.timeline)
     sections = dump_sections(spec, kernel)
     if args.out is None:
         for name, text in sections.items():

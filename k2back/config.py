@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from k2back import model
 from k2back.codegen.llvm import Target, parse_arch
-from k2back.formats import check_fp8, resolve_key_fp8
+from k2back.kv_format import check_fp8, resolve_key_fp8
 
 RATIOS = (0, 1, 2)  # 0: a window-only layer (no compressed cache)
 MAX_TOKENS = 64  # tokens S one kernel handles (decode: 1 + drafts, batched)

@@ -14,9 +14,7 @@ from collections.abc import Mapping
 
 import torch
 
-from k2back.codegen.compiler import compile as compile_source
-from k2back.codegen.plan import plan
-from k2back.codegen.render import KernelSource
+from k2back.codegen.build import build
 from k2back.config import LAUNCH_ARGS, Config
 from k2back.runtime.emu import EmuBackend
 from k2back.runtime.hip import HipBackend, refuse_during_capture
@@ -43,15 +41,6 @@ def backend_for(device: torch.device):
             f"tensors on {device}: expected CPU tensors (emu backend) or ROCm GPU tensors "
             f"(hip backend)"
         ) from None
-
-
-def build(config: Config, stages=None, *, timeline: bool = False):
-    """(spec, compiled kernel) of one configuration, from the disk cache when
-    warm; `stages` a subset of the four (stage-level tests); `timeline` the
-    build that stamps each task (k2back.profile.stamped_tasks). The arch's
-    target-ID features change the build and its key, not the plan."""
-    spec = plan(config, timeline=timeline)
-    return spec, compile_source(KernelSource(spec, stages, target_id=config.arch))
 
 
 def kernel_for(config: Config):

@@ -67,19 +67,26 @@ def test_cache_ls_size_clear(tmp_path, monkeypatch):
 
 NO_TORCH = """
 import sys
+import k2back.codegen.plan, k2back.config
 from k2back.cli import main
-for argv in (["cache", "ls"], ["cache", "size"]):
+for argv in {argvs!r}:
     assert main(argv) == 0
 assert "torch" not in sys.modules, "torch was imported"
 """
 
 
-def test_cache_commands_start_without_torch(tmp_path):
-    """torch takes ~2 s to import: `k2back cache ...` has no use for it."""
-    done = subprocess.run([sys.executable, "-c", NO_TORCH], check=False, capture_output=True,
-                          text=True, timeout=120,
-                          env={**os.environ, "K2BACK_CACHE_DIR": str(tmp_path)})
+def without_torch(cache_dir, *argvs: list[str]) -> None:
+    """The planner, the configuration and `k2back <argv>` for each argv, in a fresh
+    interpreter, leave torch (~2 s to import) out of sys.modules."""
+    done = subprocess.run([sys.executable, "-c", NO_TORCH.format(argvs=list(argvs))],
+                          check=False, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "K2BACK_CACHE_DIR": str(cache_dir)})
     assert done.returncode == 0, done.stderr
+
+
+def test_cache_and_plan_commands_start_without_torch(tmp_path):
+    without_torch(tmp_path, ["cache", "ls"], ["cache", "size"],
+                  ["plan", *TINY, "--arch", "gfx942", "--tokens", "16"])
 
 
 def test_a_commands_help_lists_its_configuration_flags(capsys):
@@ -269,6 +276,13 @@ def test_dump_timeline_writes_the_stamped_build(tmp_path, run_cache):
     name = "k2_back_tiny_tp4_s3_r2_gfx950_swaocp_compocp_timeline"
     assert "s_memrealtime" in (out / f"{name}.s").read_text()
     assert "timeline" in (out / f"{name}.plan.txt").read_text()
+
+
+@pytest.mark.kernel
+def test_dump_and_warmup_build_without_torch(tmp_path, run_cache):
+    config = [*TINY, "--arch", "gfx950", "--tokens", "3"]
+    without_torch(run_cache, ["dump", *config, "--out", str(tmp_path)],
+                  ["warmup", "--quiet", *config])
 
 
 def test_plan_table(tmp_path):

@@ -34,7 +34,7 @@ def test_rendered_ir_matches_the_record():
 # --- the cache key covers every module that shapes the build ----------------
 
 SHAPERS = {"k2back.codegen.plan", "k2back.codegen.plan_attention", "k2back.codegen.targets",
-           "k2back.codegen.render", "k2back.codegen.signature", "k2back.model", "k2back.formats"}
+           "k2back.codegen.render", "k2back.codegen.signature", "k2back.model", "k2back.kv_format"}
 
 
 def test_build_modules_hold_what_rendering_and_compiling_import():

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from k2back.codegen.plan_attention import KERNEL_LDS, AttentionPlan, plan_attention
 from k2back.codegen.targets import ArchInfo, arch_info
 from k2back.config import Config
-from k2back.formats import KV_RECORD_BYTES
+from k2back.kv_format import KV_RECORD_BYTES
 from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, RankShape
 from k2back.model import geometry as model_geometry
 

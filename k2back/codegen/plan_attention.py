@@ -48,7 +48,7 @@ import math
 from dataclasses import dataclass, field
 
 from k2back.codegen.targets import ArchInfo
-from k2back.formats import KV_DATA_BYTES, KV_RECORD_BYTES, KV_SCALE_BYTES
+from k2back.kv_format import KV_DATA_BYTES, KV_RECORD_BYTES, KV_SCALE_BYTES
 from k2back.model import HEAD_DIM, HEADS_PER_GROUP, MX_BLOCK, NOPE_DIM, ROPE_DIM, RankShape
 
 WAVES = 8  # 512 threads a CTA
