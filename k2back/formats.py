@@ -240,7 +240,6 @@ def bf16_round(x: torch.Tensor) -> torch.Tensor:
 # and its resolver in k2back.kv_format)
 
 KEY_FP8 = {fmt.name: fmt for fmt in (E4M3FN, E4M3FNUZ)}  # a cache's byte format by name
-assert tuple(KEY_FP8) == KEY_FP8_NAMES
 
 
 # ---------------------------------------------------------------------------

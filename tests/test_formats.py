@@ -436,3 +436,10 @@ def test_gfx942_mxfp8_quantize_by_folded_scale():
     assert torch.equal(F.e4m3fn_decode_gfx942(got_b), F.e4m3fn_decode(want_b))
     differ = got_b != want_b
     assert (want_b[differ] == F.OCP_NEGATIVE_ZERO).all() and (got_b[differ] == 0).all()
+
+
+def test_the_key_fp8_names_are_the_formats_names():
+    """kv_format names the key caches' fp8 formats without torch; each name is a
+    format here, and every format is named there, in the same order."""
+    assert tuple(F.KEY_FP8) == F.KEY_FP8_NAMES
+    assert all(F.KEY_FP8[name].name == name for name in F.KEY_FP8_NAMES)
