@@ -3,15 +3,15 @@
 Every command takes the same configuration flags; `warmup` builds every
 combination of their lists, the others take exactly one configuration.
 
-Importing this module imports no torch (~2 s), nor do the configuration and the
-planner and the build (k2back.codegen.build): a command that has no use for it
-(`cache`, `plan`, `dump`, `warmup`, `--version`, `--help`) starts at once.
+This module imports no torch (~2 s), and neither do the configuration
+(k2back.config, k2back.kv_format), the planner or the build (k2back.codegen.build):
+a command that has no use for it (`cache`, `plan`, `dump`, `warmup`, `--version`,
+`--help`) starts at once.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
 import logging
 import multiprocessing
@@ -20,13 +20,11 @@ import sys
 import traceback
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from k2back import knobs, model
 from k2back.codegen.targets import ARCHS
-
-if TYPE_CHECKING:
-    from k2back.config import Config
+from k2back.config import RATIOS, Config
+from k2back.kv_format import FP8_CHOICES
 
 log = logging.getLogger("k2back")
 
@@ -70,27 +68,20 @@ def choice_list(choices: tuple[str, ...]):
     return parse
 
 
-# Config fields, in flag order; the flag is --field-name
-CONFIG_FIELDS = ("geometry", "arch", "tp", "ratio", "tokens", "swa_fp8", "comp_fp8")
+fp8_list = choice_list(FP8_CHOICES)
 
 
-@functools.cache
-def config_flags() -> dict:
-    """Config field -> (parser of its flag's text, default, help), for CONFIG_FIELDS."""
-    from k2back.config import RATIOS
-    from k2back.kv_format import FP8_CHOICES
-
-    fp8_list = choice_list(FP8_CHOICES)
-    return {
-        "geometry": (name_list, model.DEFAULT_GEOMETRY, f"one of {sorted(model.GEOMETRIES)}"),
-        "arch": (name_list, None, "gfx942, gfx950 (with optional target-ID features)"),
-        "tp": (int_list, None, f"tensor-parallel degree, of {model.TP_DEGREES}"),
-        "ratio": (int_list, None, f"KV compression ratio, of {RATIOS} (0: a window-only layer)"),
-        "tokens": (int_list, None, "tokens S of a launch: 5, 1-48 or 1,2,4"),
-        "swa_fp8": (fp8_list, "auto", ("byte format of swa_cache: e4m3fn (OCP), e4m3fnuz, or "
-                                       "auto (what vLLM writes on the arch: FNUZ on gfx942)")),
-        "comp_fp8": (fp8_list, "auto", "byte format of comp_cache, as --swa-fp8 (auto: OCP)"),
-    }
+# Config field -> (parser of its flag's text, default, help); the flag is --field-name
+CONFIG_FLAGS = {
+    "geometry": (name_list, model.DEFAULT_GEOMETRY, f"one of {sorted(model.GEOMETRIES)}"),
+    "arch": (name_list, None, "gfx942, gfx950 (with optional target-ID features)"),
+    "tp": (int_list, None, f"tensor-parallel degree, of {model.TP_DEGREES}"),
+    "ratio": (int_list, None, f"KV compression ratio, of {RATIOS} (0: a window-only layer)"),
+    "tokens": (int_list, None, "tokens S of a launch: 5, 1-48 or 1,2,4"),
+    "swa_fp8": (fp8_list, "auto", ("byte format of swa_cache: e4m3fn (OCP), e4m3fnuz, or auto "
+                                   "(what vLLM writes on the arch: FNUZ on gfx942)")),
+    "comp_fp8": (fp8_list, "auto", "byte format of comp_cache, as --swa-fp8 (auto: OCP)"),
+}
 
 
 def flag(field: str) -> str:
@@ -100,7 +91,7 @@ def flag(field: str) -> str:
 def add_config_flags(parser: argparse.ArgumentParser, lists: bool) -> None:
     group = parser.add_argument_group(
         "configuration" + (" (comma lists and ranges allowed)" if lists else " (one value each)"))
-    for field, (parse, default, doc) in config_flags().items():
+    for field, (parse, default, doc) in CONFIG_FLAGS.items():
         group.add_argument(flag(field), dest=field, type=parse, required=default is None,
                            default=None if default is None else parse(default), help=doc)
 
@@ -111,9 +102,8 @@ def configs(parser: argparse.ArgumentParser, args) -> list[Config]:
     hold): a bad value ends the command before anything is built, as argparse
     does (usage, the error, exit 2)."""
     from k2back.codegen.plan import plan
-    from k2back.config import Config
 
-    lists = {field: getattr(args, field) for field in CONFIG_FIELDS}
+    lists = {field: getattr(args, field) for field in CONFIG_FLAGS}
     todo = []
     for values in itertools.product(*lists.values()):
         try:
@@ -126,7 +116,7 @@ def configs(parser: argparse.ArgumentParser, args) -> list[Config]:
 
 
 def one_config(parser: argparse.ArgumentParser, args) -> Config:
-    for field in CONFIG_FIELDS:
+    for field in CONFIG_FLAGS:
         if len(getattr(args, field)) != 1:
             parser.error(f"{flag(field)}: `{args.command}` takes one configuration, "
                          f"got {getattr(args, field)}")
@@ -350,34 +340,6 @@ COMMANDS = {
 }
 
 
-class CommandParser(argparse.ArgumentParser):
-    """A command's parser: its configuration flags (`lists`: as for
-    add_config_flags; None: it has none) are added when it parses or shows its
-    usage, that is once its command is chosen: they name config's and formats'
-    values, whose modules import torch."""
-
-    def __init__(self, *args, lists: bool | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._lists = lists
-
-    def _configure(self) -> None:
-        if self._lists is not None:
-            lists, self._lists = self._lists, None
-            add_config_flags(self, lists)
-
-    def parse_known_args(self, args=None, namespace=None):
-        self._configure()
-        return super().parse_known_args(args, namespace)
-
-    def format_usage(self) -> str:
-        self._configure()
-        return super().format_usage()
-
-    def format_help(self) -> str:
-        self._configure()
-        return super().format_help()
-
-
 def parser() -> argparse.ArgumentParser:
     from k2back import __version__
 
@@ -385,10 +347,12 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--version", action="version", version=f"k2back {__version__}")
     top.add_argument("-v", "--verbose", action="count", default=0,
                      help="more log output (repeat for more); base level from K2BACK_LOG_LEVEL")
-    sub = top.add_subparsers(dest="command", required=True, parser_class=CommandParser)
+    sub = top.add_subparsers(dest="command", required=True)
     for name, (handler, doc, lists) in COMMANDS.items():
-        p = sub.add_parser(name, help=doc, description=doc, lists=lists)
+        p = sub.add_parser(name, help=doc, description=doc)
         p.set_defaults(handler=handler, subparser=p)
+        if lists is not None:
+            add_config_flags(p, lists)
     sub.choices["warmup"].add_argument("--jobs", type=positive_int, default=os.cpu_count() or 1,
                                        help="parallel build processes (default: the cores)")
     sub.choices["warmup"].add_argument("-q", "--quiet", action="store_true",
