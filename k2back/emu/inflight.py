@@ -204,30 +204,33 @@ def retire_vm(w, keep: int, mem, progress) -> bool:
                     mem.writeback(cu, op.perform)
             w.unperformed -= sum(1 for op in batch if op.kind != LOAD)
             progress()
-            pending, take = w.pending, queue.popleft
-            for _ in range(count):
-                pending &= ~take().dst
-            w.pending = pending
-            return False
-        # newest store first, write-backs last (after their wave's older stores)
-        todo = [i for i in range(count - 1, -1, -1) if not batch[i].done and batch[i].kind == STORE]
-        todo += [i for i, op in enumerate(batch) if not op.done and op.kind != STORE]
-        for step, i in enumerate(todo):
-            op = batch[i]
-            newer = [other for other in batch[i + 1:] if other.kind == STORE and other.done]
-            woke = _perform(w, op, mem, newer)
-            progress()
-            while not op.done:  # a torn store: its next phase on the wave's next turn if it woke one
-                if woke:
-                    return True
-                woke = _perform(w, op, mem, newer)
-            w.unperformed -= 1
-            if woke and step + 1 < len(todo):
-                return True
+        elif _perform_newest_first(w, batch, mem, progress):
+            return True
     pending, take = w.pending, queue.popleft
     for _ in range(count):
         pending &= ~take().dst
     w.pending = pending
+    return False
+
+
+def _perform_newest_first(w, batch, mem, progress) -> bool:
+    """retire_vm's stores and write-backs of `batch` where a sleeper may see their
+    order: newest store first, write-backs last (after their wave's older stores).
+    Returns True when the wave must stop and retry (a store woke a sleeper, more remain)."""
+    todo = [i for i in range(len(batch) - 1, -1, -1) if not batch[i].done and batch[i].kind == STORE]
+    todo += [i for i, op in enumerate(batch) if not op.done and op.kind != STORE]
+    for step, i in enumerate(todo):
+        op = batch[i]
+        newer = [other for other in batch[i + 1:] if other.kind == STORE and other.done]
+        woke = _perform(w, op, mem, newer)
+        progress()
+        while not op.done:  # a torn store: its next phase on the wave's next turn if it woke one
+            if woke:
+                return True
+            woke = _perform(w, op, mem, newer)
+        w.unperformed -= 1
+        if woke and step + 1 < len(todo):
+            return True
     return False
 
 
