@@ -54,6 +54,8 @@ from .errors import Deadlock, EmulatorError, UnsupportedInstruction
 from .matrix import decode_mfma
 from .memops import ByWorkgroup, decode_buffer, decode_ds, decode_global, decode_smem
 from .memory import GlobalMemory
+from .opening import Opening, start_classes
+from .opening import kinds as opening_kinds
 from .operands import parse, scalar_reader, scalar_writer
 from .salu import decode_branch, decode_sop
 from .state import LANES, M64, SGPR_SLOTS, Gathered, Grid, exec_state, row_spans
@@ -230,7 +232,7 @@ class Machine:
     def __init__(self, arch: str, *, memory: str = "strict", quantum: int = 256,
                  stall_rounds: int = 2000, max_wave_instructions: int = 100_000_000, trace=None,
                  mfma_accumulate: str = "exact", transcendental_error_seed=None,
-                 fnuz_negative_zero: int = 0x00, timing=False, regions=None):
+                 fnuz_negative_zero: int = 0x00, timing=False, regions=None, opening: bool = True):
         """`memory`: "strict" (the GFX942 memory model, adversarial: coherence.py) or
         "ideal" (one coherent memory, every access performed when issued: cheaper,
         for unit tests of instructions). `trace(wave, instruction)`, if given, is
@@ -241,7 +243,10 @@ class Machine:
         (`numerics.Options`). `timing` (True, or a timing_parts.Part to charge
         instead of the arch's): run waves in modeled time order and fill
         Stats.modeled_ns / spans (timing.py); `regions(kernel)`, if given, names each
-        instruction (e.g. its stage) for Stats.timeline."""
+        instruction (e.g. its stage) for Stats.timeline. `opening`: run every wave's
+        private start (its instructions no other wave can see or change) as arrays
+        before the scheduler, a wave that ends in it never scheduled (opening.py;
+        off in timing mode and when tracing; the same results either way)."""
         try:
             self.numerics = nx.Options(mfma_accumulate, transcendental_error_seed, fnuz_negative_zero)
         except ValueError as error:
@@ -264,6 +269,8 @@ class Machine:
         self._wake = {}
         self._round = 0  # the scheduling round (_schedule)
         self.timing, self.regions = timing, regions
+        self.opening = opening
+        self._opened = None  # this launch's opening.Opening (_launch)
         self._timer = None
 
     def map(self, array, name: str | None = None) -> int:
@@ -306,14 +313,19 @@ class Machine:
                  for pc, (run, cls) in enumerate(zip(code, classes))]
         self._timer = timer = self._timing(kernel, classes, mem)
         scoreboard = inflight.Scoreboard(kernel, setup.accum_offset)
+        spans = _gather_spans(scoreboard, batchable, classes)
+        # the waves' private start, run as arrays before the scheduler (opening.py)
+        self._opened = None
+        if self.opening and self.batching and timer is None:
+            self._opened = Opening(checked, opening_kinds(kernel, code, checked, classes, batchable, quiet,
+                                                          scoreboard.effects, setup.accum_offset), spans)
         launch_buffers = [self.memory.map(array, name) for name, array in setup.launch_buffers.items()]
         try:
-            groups, registers = setup.workgroups(*launch_buffers, _order(order, grid), mem)
             with np.errstate(all="ignore"):  # integer wrap-around and IEEE specials are the ISA's
+                groups, registers = setup.workgroups(*launch_buffers, _order(order, grid), mem, self._opened)
                 if timer is not None:  # timing mode: waves one at a time, in modeled time order
                     timer.schedule(groups, checked, kernel, stats, scoreboard)
                 else:
-                    spans = _gather_spans(scoreboard, batchable, classes)
                     self._schedule(groups, registers, checked, (batchable, stops, jumps, quiet, spans),
                                    kernel, stats, scoreboard)
             mem.end()
@@ -354,10 +366,11 @@ class Machine:
         return code, classes
 
     def _schedule(self, groups, grid, code, steps, kernel, stats: Stats, scoreboard) -> None:
-        hits = self._hits = [0] * len(code)
-        self._batched = self._batches = 0
+        opened = self._opened or Opening(code, (), ())
+        hits = self._hits = list(opened.hits)
+        self._batched, self._batches = opened.batched, opened.batches
         live = [g for g in groups if g.live]
-        quiet_rounds, round_number, executed = 0, 0, 0
+        quiet_rounds, round_number, executed = 0, 0, opened.executed
         wake = self._wake = {}
         while live:
             round_number += 1
@@ -443,7 +456,9 @@ class Machine:
                 mine = [w for w in g.waves if not (w.done or w.waiting or wake.get(w, 0) > now)]
             else:  # no wave has slept yet
                 mine = [w for w in g.waves if not (w.done or w.waiting)]
-            if len(mine) == 1:  # it runs alone while no other wave of its workgroup is ready
+            # a lone ready wave runs alone while no other wave of its workgroup is ready, but the
+            # waves of one-wave workgroups (e.g. those an opening left) run with their turn's others
+            if len(mine) == 1 and (len(g.waves) > 1 or len(groups) == 1):
                 known = False
                 mine = yield from self._run_alone(g, mine, budget, granted, ready, code, hits, kernel, scoreboard)
             else:
@@ -733,7 +748,7 @@ class Machine:
             stats.bytes_written[region.name] = region.written
         stats.cache_policy = {key: cell[0] for key, cell in stats.cache_policy.items() if cell[0]}
         stats.workgroups = len(groups)
-        stats.waves = sum(len(g.waves) for g in groups)
+        stats.waves = sum(len(g.waves) for g in groups) + (self._opened.ended if self._opened else 0)
         stats.polls = {(g.index, w.index): w.polls for g in groups for w in g.waves if w.polls}
 
 
@@ -1099,8 +1114,10 @@ class LaunchSetup:
         packet[28:32] = np.array([self.lds_bytes], "<u4").view(np.uint8)
         return packet
 
-    def workgroups(self, kernarg: int, packet: int, queue: int, order: list[int], mem):
-        """The launch's workgroups in `order`, and their Grid of vector registers."""
+    def workgroups(self, kernarg: int, packet: int, queue: int, order: list[int], mem, opening=None):
+        """The launch's workgroups in `order`, and their Grid of vector registers;
+        with an `opening` (opening.Opening), the waves as it left them (those that
+        ended in it not among them)."""
         d = self.kernel.directive
         user = self._user_sgprs(kernarg, packet, queue)
         system = [axis for axis in "xyz" if d(f"system_sgpr_workgroup_id_{axis}", 0)]
@@ -1117,6 +1134,12 @@ class LaunchSetup:
         for linear in order:
             group_id = (linear % gx, (linear // gx) % gy, linear // (gx * gy))
             starts.append((linear, group_id, mem.cu(linear), user + [group_id[a] for a in axes] + blank))
+        if opening is not None and opening.kinds[0] is not None:
+            classes = opening.run(start_classes(starts, execs), grid.registers)
+            waves = sorted((row, c.wave) for c in classes for row in c.rows.tolist())
+            going = Grid(len(waves), self.vector_registers, len(order), self.lds_bytes)
+            going.registers[:] = grid.registers[[row for row, _ in waves]]
+            return going.resume(starts, len(v0), waves, self.lds_bytes), going
         return grid.start(starts, execs, self.lds_bytes), grid
 
     def _work_item_ids(self, components: int) -> np.ndarray:

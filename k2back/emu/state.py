@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 from collections import deque
 
@@ -141,30 +142,23 @@ class Grid:
         self.batches = {}  # (first slot, last slot + 1) -> Batch
 
     def start(self, workgroups: list[tuple], execs: list[tuple], lds_bytes: int) -> list[Workgroup]:
-        """Start `workgroups`, (index, id, CU caches (coherence.Cu), initial scalar
-        file) each, in scheduling order, of waves with initial exec states `execs`
-        (`exec_state` of each wave's exec mask), their waves in the next slots,
-        each with `lds_bytes` of LDS (its row of `lds`). In one pass over the
+        """Start the launch's `workgroups`, (index, id, CU caches (coherence.Cu),
+        initial scalar file) each, in scheduling order, of waves with initial exec
+        states `execs` (`exec_state` of each wave's exec mask), their waves in
+        slot order, each workgroup with `lds_bytes` of LDS (its row of `lds`). In one pass over the
         waves, one assignment a field (a grid starts thousands): a wave's scalar
         file is a copy of its workgroup's; its counter queues are empty
         (`release`); its vector registers are its rows of `registers` as u32, f32
         and i32 views (made in bulk: numpy's iteration over the three views)."""
-        per, first = len(execs), len(self.waves)
-        row = first // per  # workgroups before them in the grid
-        stride, cells = self.lds.shape[1], self.lds_cells
+        per = len(execs)
+        groups = self._groups(workgroups, lds_bytes)
         waves = spare(len(workgroups) * per)
-        groups = []
-        new = Workgroup.__new__
-        slot = first
-        registers = self.registers[first:]
+        registers = self.registers
         rows = zip(registers, registers.view(np.float32), registers.view(np.int32))
-        for (index, group_id, cu, sgprs), lds in zip(workgroups, self.lds[row:row + len(workgroups), :max(lds_bytes, 4)]):
-            g = new(Workgroup)
-            g.index, g.id, g.cu, g.grid = index, group_id, cu, self
-            g.lds, g.lds_base, g.lds_cells = lds, row * stride, cells
-            g.exec_epoch = g.arrived = 0  # exec_epoch: counts exec writes of its waves (Batch.read_exec)
+        slot = 0
+        for g, (_, _, _, sgprs) in zip(groups, workgroups):
+            g.waves = mine = waves[slot:slot + per]
             g.live = per  # its waves not done (s_endpgm counts them down)
-            g.waves = mine = waves[slot - first:slot - first + per]
             for k, w, (value, full, mask), (r, f, i) in zip(range(per), mine, execs, rows):
                 w.s[:] = sgprs
                 w.r, w.f, w.i = r, f, i  # its rows of the launch's registers
@@ -172,22 +166,56 @@ class Grid:
                 w.index = k  # in its workgroup
                 w.slot = slot  # in the launch (Grid.waves)
                 slot += 1
-                # pc; s_sleep executions; scoreboard: registers an outstanding load still
-                # writes (bit mask); stores / write-backs in `vm` not performed yet
-                w.scc = w.pc = w.polls = w.sleep_rounds = w.pending = w.unperformed = w.lds_unperformed = 0
-                w.done = w.waiting = False  # waiting: at a barrier
-                w.last_load = None  # (lane addresses, bytes a lane) of the last vector load
-                w.polled_lines = ()  # the lines it sleeps on (coherence.StrictMemory.poll)
-                # (lane addresses, bytes a lane) of its L1-bypassing vector loads issued since it
-                # last had no load outstanding (what a sleep polls: coherence.StrictMemory.poll)
-                w.bypass_loads = []
+                w.scc = w.pc = 0
+                _fresh(w)
                 # as set_exec sets them (no batch of its workgroup has read a mask yet)
                 w.exec = value
                 w.full = full
                 w.mask = mask
+        self.waves = waves
+        return groups
+
+    def resume(self, workgroups: list[tuple], per: int, waves: list[tuple], lds_bytes: int) -> list[Workgroup]:
+        """Start `workgroups` (as `start`, of `per` waves each at the launch's start)
+        with the waves a launch's opening left them (opening.py): `waves`, (the
+        wave's row in the launch, rows ascending; the wave standing for its class,
+        whose pc, scalar file, SCC and exec it takes), in this Grid's slots in
+        turn (its registers are those rows' registers)."""
+        groups = self._groups(workgroups, lds_bytes)
+        for g in groups:
+            g.waves = []
+        registers = self.registers
+        rows = zip(registers, registers.view(np.float32), registers.view(np.int32))
+        fresh = spare(len(waves))
+        for slot, (row, like), w, (r, f, i) in zip(itertools.count(), waves, fresh, rows):
+            g = groups[row // per]
+            w.s[:] = like.s
+            w.r, w.f, w.i = r, f, i
+            w.group = g
+            w.index = row % per
+            w.slot = slot
+            w.scc, w.pc = like.scc, like.pc
+            _fresh(w)
+            w.exec, w.full, w.mask = like.exec, like.full, like.mask
+            g.waves.append(w)
+        for g in groups:
+            g.live = len(g.waves)
+        self.waves = fresh
+        return groups
+
+    def _groups(self, workgroups: list[tuple], lds_bytes: int) -> list[Workgroup]:
+        """The Workgroups of `workgroups` ((index, id, CU, _) each), an LDS row each in turn."""
+        row = 0
+        stride, cells = self.lds.shape[1], self.lds_cells
+        groups = []
+        new = Workgroup.__new__
+        for (index, group_id, cu, _), lds in zip(workgroups, self.lds[row:row + len(workgroups), :max(lds_bytes, 4)]):
+            g = new(Workgroup)
+            g.index, g.id, g.cu, g.grid = index, group_id, cu, self
+            g.lds, g.lds_base, g.lds_cells = lds, row * stride, cells
+            g.exec_epoch = g.arrived = 0  # exec_epoch: counts exec writes of its waves (Batch.read_exec)
             groups.append(g)
             row += 1
-        self.waves += waves
         return groups
 
     def batch(self, first: int, stop: int) -> Batch:
@@ -216,6 +244,21 @@ SPARE_WAVES = 4096  # at most as many spare waves kept (Grid.release)
 # waves of ended launches, started again by the next (Grid.start), from the end: in
 # the order the launch they ended had them
 _SPARE: list[Wave] = []
+
+
+def _fresh(w: Wave) -> None:
+    """A starting wave's scheduling state: s_sleep executions; scoreboard: registers
+    an outstanding load still writes (bit mask); stores / write-backs in `vm` not
+    performed yet; not done, not at a barrier (`waiting`); no vector load yet
+    (`last_load`: (lane addresses, bytes a lane)); no line polled
+    (coherence.StrictMemory.poll); (lane addresses, bytes a lane) of its
+    L1-bypassing vector loads issued since it last had no load outstanding (what
+    a sleep polls: coherence.StrictMemory.poll)."""
+    w.polls = w.sleep_rounds = w.pending = w.unperformed = w.lds_unperformed = 0
+    w.done = w.waiting = False
+    w.last_load = None
+    w.polled_lines = ()
+    w.bypass_loads = []
 
 
 def spare(count: int) -> list[Wave]:
@@ -248,6 +291,8 @@ class Batch:
     workgroup, None when it spans several."""
 
     __slots__ = ("all_lanes", "epoch", "f", "full", "group", "groups", "i", "mask", "r", "s", "waves")
+
+    write_mask = None  # opening.Rows: a compare's masks of every row at once (operands.vector_writer)
 
     def __init__(self, grid: Grid, first: int, stop: int):
         self._take(grid.waves[first:stop], grid.registers[first:stop])

@@ -1,0 +1,354 @@
+"""A launch's opening: the waves' private instructions, run as arrays before any wave is scheduled.
+
+An instruction is private when no other wave can change what it computes or see
+what it does: SALU and forward branches (the wave's scalar file, SCC, exec and
+pc), VALU on its own registers (v_cmp masks into its SGPRs included), s_nop, and
+s_endpgm of a wave with nothing outstanding. Such instructions commute with
+everything every other wave does, so each wave may run its private start before
+the scheduler begins, with the same results as in any schedule. The machine then
+starts each wave where its opening stopped — at its first memory, LDS,
+synchronising, hazard-checked or unrun instruction, or a backward branch's
+target — with the state it reached, and a wave whose opening reached s_endpgm
+is counted and never becomes a Wave (most waves of an idle persistent grid:
+the opening is what makes a grid of thousands of waves cheap to start).
+
+Waves with one scalar state (a class: SGPRs, SCC, exec, pc) run a scalar
+instruction once, on a Wave standing for all of them; a VALU instruction runs
+once over the rows of every class at its pc (the launch's vector registers,
+state.Grid.registers), and a mask it writes into SGPRs or exec splits the
+classes by the values written (`Rows.write_mask`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .inflight import SGPR_BIT
+from .operands import parse
+from .state import LANES, Batch, Wave, all_lanes
+
+
+class _Group:
+    """The workgroup of the waves standing for classes: what Wave.set_exec and the
+    cohort forms touch of a workgroup."""
+
+    __slots__ = ("exec_epoch",)
+
+    def __init__(self):
+        self.exec_epoch = 0
+
+
+def kinds(kernel, code, checked, classes, batchable, quiet, effects, accum_offset: int) -> list:
+    """Per instruction, how the opening runs it: "scalar" (a quiet SALU, once per
+    class), "branch", "vector" (a VALU once over the rows of its classes), "end"
+    (s_endpgm), or None: the waves there stop their opening."""
+    sgprs = ~((1 << SGPR_BIT) - 1)
+    out = []
+    for pc, ins in enumerate(kernel.instructions):
+        cls, plain = classes[pc], code[pc] is checked[pc]
+        if not plain:
+            out.append(None)
+        elif quiet[pc]:
+            out.append("scalar")
+        elif cls in ("branch", "endpgm"):
+            out.append("end" if cls == "endpgm" else cls)
+        elif cls == "valu" and batchable[pc] and _private_vector(ins, effects[pc][1] & sgprs, accum_offset):
+            out.append("vector")
+        else:
+            out.append(None)
+    return out + [None]  # past the end
+
+
+def _private_vector(ins, sgpr_writes: int, accum_offset: int) -> bool:
+    """A VALU instruction whose writes the opening keeps exact: a compare (its masks
+    go through operands.vector_writer's write_mask, Rows.write_mask here), or one
+    whose destination is a vector register and that writes no SGPR."""
+    if ins.mnemonic.startswith("v_cmp"):
+        return True
+    return not sgpr_writes and bool(ins.operands) and parse(ins.operands[0], accum_offset, ins).file == "v"
+
+
+class Class:
+    """Waves (`rows` of the launch's registers, ascending) with one scalar state,
+    `wave`'s (pc, SGPRs, SCC, exec); `stopped`: its opening is over."""
+
+    __slots__ = ("rows", "stopped", "wave")
+
+    def __init__(self, wave: Wave, rows: np.ndarray):
+        self.wave, self.rows, self.stopped = wave, rows, False
+
+
+def _copy(w: Wave) -> Wave:
+    """A Wave standing for a new class, with `w`'s scalar state (no counter queues:
+    the opening runs no memory instruction)."""
+    c = Wave.__new__(Wave)
+    c.s = list(w.s)
+    c.scc, c.pc, c.group = w.scc, w.pc, w.group
+    c.exec, c.full, c.mask = w.exec, w.full, w.mask
+    return c
+
+
+def start_classes(starts: list, execs: list) -> list[Class]:
+    """The launch's classes at its start: per workgroup (`starts`: (index, id, CU,
+    initial scalar file), in scheduling order) its waves with one exec state
+    (`execs`: each wave's, state.exec_state)."""
+    per, group = len(execs), _Group()
+    by_exec = {}
+    for k, state in enumerate(execs):
+        by_exec.setdefault(state[0], []).append(k)
+    rows = np.arange(len(starts) * per).reshape(len(starts), per)
+    kinds = [(execs[indices[0]], rows[:, indices]) for indices in by_exec.values()]
+    classes = []
+    new = Wave.__new__  # (no counter queues: the opening runs no memory instruction)
+    for row, (_, _, _, sgprs) in enumerate(starts):
+        for (value, full, mask), mine in kinds:
+            w = new(Wave)
+            w.s = list(sgprs)
+            w.scc = w.pc = 0
+            w.group = group
+            w.exec, w.full, w.mask = value, full, mask
+            classes.append(Class(w, mine[row]))
+    return classes
+
+
+class Opening:
+    """Runs a launch's waves (as `Class`es) through their private instructions:
+    `code` (the launch's checked closures), `kinds` (`kinds()`), `spans` (the
+    register rows each VALU reads and writes, machine._gather_spans). Counts
+    `hits[pc]`, wave-instructions run at each, `executed` in all, `steps`, the
+    waves that `ended`, and VALU steps also as `batched` wave-instructions in
+    `batches` runs."""
+
+    def __init__(self, code, kinds: list, spans: list):
+        self.code, self.kinds, self.spans = code, kinds, spans
+        self.hits = [0] * len(code)
+        self.executed = self.steps = self.batched = self.batches = self.ended = 0
+        self.registers = None
+
+    def run(self, classes: list[Class], registers: np.ndarray) -> list[Class]:
+        """The classes whose waves go on (each stopped where its opening ended), split
+        by what the opening did; `registers`: the launch's vector registers [waves,
+        registers, 64], a row each class row."""
+        self.registers = registers
+        live, kinds = list(classes), self.kinds
+        while True:
+            going = [c for c in live if not c.stopped]
+            if not going:
+                self.registers = None
+                return live
+            pc = min(c.wave.pc for c in going)
+            here = [c for c in going if c.wave.pc == pc]
+            kind = kinds[pc]
+            if kind is None:
+                for c in here:
+                    c.stopped = True
+                continue
+            count = sum(len(c.rows) for c in here)
+            if kind == "end":
+                self.ended += count
+                live = [c for c in live if c.wave.pc != pc or c.stopped]
+            elif kind == "vector":
+                split = self._vector(here, pc)
+                if split is None:
+                    continue
+                live = _replace(live, here, split)
+            elif kind == "scalar":
+                self._scalar(here, pc)
+            else:
+                self._branch(here, pc)
+            self.hits[pc] += count
+            self.executed += count
+            self.steps += 1
+
+    def _scalar(self, here: list[Class], pc: int) -> None:
+        run = self.code[pc]
+        waves = [c.wave for c in here]
+        over = getattr(run, "cohort", None)  # once for all (salu.py), as run wave by wave
+        if over is not None:
+            over(waves)
+        else:
+            for w in waves:
+                run(w)
+        for w in waves:
+            w.pc = pc + 1
+
+    def _branch(self, here: list[Class], pc: int) -> None:
+        run = self.code[pc]
+        waves = [c.wave for c in here]
+        over = getattr(run, "cohort", None)  # decided once for all (salu.py)
+        target = over(waves, pc + 1) if over is not None else None
+        if target is not None:
+            for w in waves:
+                w.pc = target
+        elif over is None:
+            for w in waves:
+                w.pc = pc + 1
+                run(w)
+        for c in here:  # a loop: the waves go on in the scheduler (the opening ends)
+            if c.wave.pc <= pc:
+                c.stopped = True
+
+    def _vector(self, here: list[Class], pc: int):
+        """The VALU at `pc` once over the rows of `here`; returns the classes they are
+        now (split by the masks it wrote), or None when it could not run here (the
+        classes stop, untouched)."""
+        rows = Rows(here, self.registers)
+        spans = self.spans[pc]
+        try:
+            if rows.contiguous:
+                self.code[pc](rows)
+            else:
+                rows.gathered(self.code[pc], self.registers, spans)
+        except _NotPrivate:
+            for c in here:
+                c.stopped = True
+            return None
+        for c in rows.parts:
+            c.wave.pc = pc + 1
+        self.batched += rows.count
+        self.batches += 1
+        return rows.parts
+
+
+def _replace(live: list[Class], old: list[Class], new: list[Class]) -> list[Class]:
+    """`live` with the classes `old` replaced by `new` (in place of the first)."""
+    if new is old:
+        return live
+    gone = set(map(id, old))
+    out, placed = [], False
+    for c in live:
+        if id(c) in gone:
+            if not placed:
+                out += new
+                placed = True
+        else:
+            out.append(c)
+    return out
+
+
+class _NotPrivate(Exception):
+    """A VALU closure asked for what the opening does not give (its waves one by one)."""
+
+
+class _NoWaves:
+    """Rows.waves: a closure that would run wave by wave (an SGPR destination other
+    than a compare's mask) stops before it writes (valu._readfirstlane reads `waves`
+    first; kinds() admits no such instruction: this is the guard)."""
+
+    def __iter__(self):
+        raise _NotPrivate
+
+    def __len__(self):
+        raise _NotPrivate
+
+    def __getitem__(self, item):
+        raise _NotPrivate
+
+
+_NO_WAVES = _NoWaves()
+
+
+class Rows(Batch):
+    """The rows of classes at one VALU instruction, seen as one state.Batch: vector
+    registers are the launch's rows (a view when they are consecutive, else a
+    stage as state.Gathered's), exec masks and SGPRs each row its class's."""
+
+    __slots__ = ("contiguous", "count", "order", "parts", "positions", "slots")
+
+    def __init__(self, parts: list[Class], registers: np.ndarray):
+        self.parts = parts
+        rows = np.concatenate([c.rows for c in parts]) if len(parts) > 1 else parts[0].rows
+        self.order = np.argsort(rows, kind="stable")
+        self.slots = rows[self.order]  # ascending
+        self.count = count = len(rows)
+        owner = np.repeat(np.arange(len(parts)), [len(c.rows) for c in parts])
+        self.positions = owner[self.order]  # each row's class (an index into parts)
+        first = int(self.slots[0])
+        self.contiguous = int(self.slots[-1]) - first == count - 1
+        if self.contiguous:
+            self.r = registers[first:first + count].transpose(1, 0, 2)
+        else:
+            self.r = np.empty((registers.shape[1], count, LANES), np.uint32)
+        self.f, self.i = self.r.view(np.float32), self.r.view(np.int32)
+        self.waves, self.group, self.groups, self.epoch = _NO_WAVES, None, (), None
+        self.all_lanes = all_lanes(count)
+        self.s = _RowScalars(self)
+        self.full = all(c.wave.full for c in parts)
+        self.mask = self.all_lanes if self.full else np.stack([c.wave.mask for c in parts])[self.positions]
+
+    def gathered(self, run, registers: np.ndarray, spans: tuple) -> None:
+        """`run` over the rows through a stage (state.Gathered.run's copies)."""
+        reads, writes = spans
+        slots, stage = self.slots, self.r
+        for lo, hi in reads:
+            stage[lo:hi] = registers[slots, lo:hi].transpose(1, 0, 2)
+        run(self)
+        for lo, hi in writes:
+            registers[slots, lo:hi] = stage[lo:hi].transpose(1, 0, 2)
+
+    def read_exec(self) -> None:
+        pass
+
+    def column(self, values: list):
+        """Each row's class value of `values` (one a class): an int when they agree,
+        else a uint64 column [rows, 1] (as a Batch's SGPR reads)."""
+        first = values[0]
+        if values.count(first) == len(values):
+            return first
+        return np.array(values, np.uint64)[self.positions].reshape(-1, 1)
+
+    @property
+    def exec(self):
+        return self.column([c.wave.exec for c in self.parts])
+
+    @property
+    def name(self) -> str:
+        return f"{self.count} waves in the launch's opening"
+
+    def write_mask(self, write, bits: np.ndarray) -> None:
+        """A compare's mask write: each row's `bits` (uint64 [rows], row order) ANDed
+        with its exec, stored by `write(wave, value)` (operands.scalar_writer) once
+        for each class and value; a class whose rows wrote different values splits
+        into one class per value (`parts`, in order; rows ascending)."""
+        parts, positions = self.parts, self.positions
+        values = bits & np.array([c.wave.exec for c in parts], np.uint64)[positions]
+        order = np.lexsort((values, positions))  # by class, then value; rows ascending within
+        owner, value = positions[order], values[order]
+        edge = np.ones(self.count, bool)
+        edge[1:] = (owner[1:] != owner[:-1]) | (value[1:] != value[:-1])
+        starts = np.flatnonzero(edge)
+        owners = owner[starts].tolist()
+        if len(starts) == len(parts):  # no class split
+            for c, v in zip(parts, value[starts].tolist()):
+                write(c.wave, v)
+            return
+        new, kept = [], []
+        bounds = np.append(starts, self.count).tolist()
+        slots = self.slots[order]
+        for k, v, lo, hi in zip(owners, value[starts].tolist(), bounds, bounds[1:]):
+            w = parts[k].wave
+            if kept and kept[-1][0] is w:  # its class's second value on: a new class
+                w = _copy(w)
+            else:  # its first keeps the class's wave (written after the copies)
+                kept.append((w, v))
+            new.append(Class(w, slots[lo:hi]))
+            if w is not kept[-1][0]:
+                write(w, v)
+        for w, v in kept:
+            write(w, v)
+        self.parts = new
+        owner = np.empty(self.count, np.int64)
+        owner[order] = np.repeat(np.arange(len(new)), np.diff(bounds))
+        self.positions = owner
+
+
+class _RowScalars:
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: Rows):
+        self.rows = rows
+
+    def __getitem__(self, i):
+        rows = self.rows
+        return rows.column([c.wave.s[i] for c in rows.parts])
+
