@@ -54,7 +54,7 @@ from .errors import Deadlock, EmulatorError, UnsupportedInstruction
 from .matrix import decode_mfma
 from .memops import ByWorkgroup, decode_buffer, decode_ds, decode_global, decode_smem
 from .memory import GlobalMemory
-from .opening import Opening, start_classes
+from .opening import Opening
 from .opening import kinds as opening_kinds
 from .operands import parse, scalar_reader, scalar_writer
 from .salu import decode_branch, decode_sop
@@ -318,7 +318,8 @@ class Machine:
         self._opened = None
         if self.opening and self.batching and timer is None:
             self._opened = Opening(checked, opening_kinds(kernel, code, checked, classes, batchable, quiet,
-                                                          scoreboard.effects, setup.accum_offset), spans)
+                                                          scoreboard.effects, setup.accum_offset),
+                                   spans, scoreboard.touches)
         launch_buffers = [self.memory.map(array, name) for name, array in setup.launch_buffers.items()]
         try:
             with np.errstate(all="ignore"):  # integer wrap-around and IEEE specials are the ISA's
@@ -366,11 +367,11 @@ class Machine:
         return code, classes
 
     def _schedule(self, groups, grid, code, steps, kernel, stats: Stats, scoreboard) -> None:
-        opened = self._opened or Opening(code, (), ())
-        hits = self._hits = list(opened.hits)
-        self._batched, self._batches = opened.batched, opened.batches
+        opened = self._opened  # what the launch's opening ran, counted in
+        hits = self._hits = list(opened.hits) if opened else [0] * len(code)
+        self._batched, self._batches = (opened.batched, opened.batches) if opened else (0, 0)
         live = [g for g in groups if g.live]
-        quiet_rounds, round_number, executed = 0, 0, opened.executed
+        quiet_rounds, round_number, executed = 0, 0, opened.executed if opened else 0
         wake = self._wake = {}
         while live:
             round_number += 1
@@ -456,13 +457,12 @@ class Machine:
                 mine = [w for w in g.waves if not (w.done or w.waiting or wake.get(w, 0) > now)]
             else:  # no wave has slept yet
                 mine = [w for w in g.waves if not (w.done or w.waiting)]
-            # a lone ready wave runs alone while no other wave of its workgroup is ready, but the
-            # waves of one-wave workgroups (e.g. those an opening left) run with their turn's others
-            if len(mine) == 1 and (len(g.waves) > 1 or len(groups) == 1):
+            if len(mine) == 1 and not g.thinned:  # it runs alone while no other wave of its workgroup is ready
                 known = False
                 mine = yield from self._run_alone(g, mine, budget, granted, ready, code, hits, kernel, scoreboard)
-            else:
+            else:  # (a workgroup the opening thinned: the first turn as with its waves that ended there)
                 fresh += mine  # each a quantum (granted below, in one go)
+                g.thinned = False
             if mine:
                 turn += mine
                 going.append(g)
@@ -902,6 +902,7 @@ def _raiser(error, ins):
 
     def raise_it(w):
         raise kind(message)
+    raise_it.raises = True  # (an opening leaves it to the scheduler: opening.kinds)
     return raise_it
 
 
@@ -1135,8 +1136,7 @@ class LaunchSetup:
             group_id = (linear % gx, (linear // gx) % gy, linear // (gx * gy))
             starts.append((linear, group_id, mem.cu(linear), user + [group_id[a] for a in axes] + blank))
         if opening is not None and opening.kinds[0] is not None:
-            classes = opening.run(start_classes(starts, execs), grid.registers)
-            waves = sorted((row, c.wave) for c in classes for row in c.rows.tolist())
+            waves = opening.run(starts, execs, range(len(user), len(user) + len(axes)), grid.registers)
             going = Grid(len(waves), self.vector_registers, len(order), self.lds_bytes)
             going.registers[:] = grid.registers[[row for row, _ in waves]]
             return going.resume(starts, len(v0), waves, self.lds_bytes), going

@@ -16,10 +16,15 @@ Waves with one scalar state (a class: SGPRs, SCC, exec, pc) run a scalar
 instruction once, on a Wave standing for all of them; a VALU instruction runs
 once over the rows of every class at its pc (the launch's vector registers,
 state.Grid.registers), and a mask it writes into SGPRs or exec splits the
-classes by the values written (`Rows.write_mask`).
+classes by the values written (`Rows.write_mask`). The SGPRs that differ
+between workgroups at the start (the workgroup ids) are left out of a class's
+state (None in its Wave's scalar file) until an instruction names them: then
+the class splits by their values.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
@@ -45,8 +50,8 @@ def kinds(kernel, code, checked, classes, batchable, quiet, effects, accum_offse
     sgprs = ~((1 << SGPR_BIT) - 1)
     out = []
     for pc, ins in enumerate(kernel.instructions):
-        cls, plain = classes[pc], code[pc] is checked[pc]
-        if not plain:
+        cls, run = classes[pc], code[pc]
+        if run is not checked[pc] or getattr(run, "raises", False):
             out.append(None)
         elif quiet[pc]:
             out.append("scalar")
@@ -88,54 +93,39 @@ def _copy(w: Wave) -> Wave:
     return c
 
 
-def start_classes(starts: list, execs: list) -> list[Class]:
-    """The launch's classes at its start: per workgroup (`starts`: (index, id, CU,
-    initial scalar file), in scheduling order) its waves with one exec state
-    (`execs`: each wave's, state.exec_state)."""
-    per, group = len(execs), _Group()
-    by_exec = {}
-    for k, state in enumerate(execs):
-        by_exec.setdefault(state[0], []).append(k)
-    rows = np.arange(len(starts) * per).reshape(len(starts), per)
-    kinds = [(execs[indices[0]], rows[:, indices]) for indices in by_exec.values()]
-    classes = []
-    new = Wave.__new__  # (no counter queues: the opening runs no memory instruction)
-    for row, (_, _, _, sgprs) in enumerate(starts):
-        for (value, full, mask), mine in kinds:
-            w = new(Wave)
-            w.s = list(sgprs)
-            w.scc = w.pc = 0
-            w.group = group
-            w.exec, w.full, w.mask = value, full, mask
-            classes.append(Class(w, mine[row]))
-    return classes
-
-
 class Opening:
-    """Runs a launch's waves (as `Class`es) through their private instructions:
-    `code` (the launch's checked closures), `kinds` (`kinds()`), `spans` (the
-    register rows each VALU reads and writes, machine._gather_spans). Counts
-    `hits[pc]`, wave-instructions run at each, `executed` in all, `steps`, the
-    waves that `ended`, and VALU steps also as `batched` wave-instructions in
+    """Runs a launch's waves through their private instructions: `code` (the
+    launch's checked closures), `kinds` (`kinds()`), `spans` (the register rows
+    each VALU reads and writes, machine._gather_spans), `touches` (each
+    instruction's register bits, inflight.Scoreboard.touches: the SGPRs it names).
+    Counts `hits[pc]`, wave-instructions run at each, `executed` in all, `steps`,
+    the waves that `ended`, and VALU steps also as `batched` wave-instructions in
     `batches` runs."""
 
-    def __init__(self, code, kinds: list, spans: list):
-        self.code, self.kinds, self.spans = code, kinds, spans
+    def __init__(self, code, kinds: list, spans: list, touches: list):
+        self.code, self.kinds, self.spans, self.touches = code, kinds, spans, touches
         self.hits = [0] * len(code)
         self.executed = self.steps = self.batched = self.batches = self.ended = 0
         self.registers = None
+        self.varying = {}  # SGPR slot -> each row's value (uint64) where a class leaves it out (None)
 
-    def run(self, classes: list[Class], registers: np.ndarray) -> list[Class]:
-        """The classes whose waves go on (each stopped where its opening ended), split
-        by what the opening did; `registers`: the launch's vector registers [waves,
-        registers, 64], a row each class row."""
+    def run(self, starts: list, execs: list, varying: list, registers: np.ndarray) -> list[tuple]:
+        """Run the waves of `starts` ((index, id, CU, initial scalar file) a workgroup,
+        in scheduling order), with exec states `execs` (state.exec_state, a wave
+        each of a workgroup), on the launch's vector `registers` [waves, registers,
+        64], a row each wave in that order; `varying`: the SGPR slots whose initial
+        values differ between workgroups. Returns the waves that go on, (row, a
+        Wave standing for it: its pc, scalar file, SCC and exec) each, rows ascending."""
+        per = len(execs)
         self.registers = registers
-        live, kinds = list(classes), self.kinds
+        self.varying = {i: np.repeat(np.array([start[3][i] for start in starts], np.uint64), per)
+                        for i in varying}
+        live = self._first(starts[0][3], execs, len(starts))
+        kinds = self.kinds
         while True:
             going = [c for c in live if not c.stopped]
             if not going:
-                self.registers = None
-                return live
+                break
             pc = min(c.wave.pc for c in going)
             here = [c for c in going if c.wave.pc == pc]
             kind = kinds[pc]
@@ -143,6 +133,10 @@ class Opening:
                 for c in here:
                     c.stopped = True
                 continue
+            if kind in ("scalar", "branch"):
+                named = [i for i in self.varying if self.touches[pc] >> (SGPR_BIT + i) & 1]
+                split = self._split(here, named)
+                live, here = _replace(live, here, split), split
             count = sum(len(c.rows) for c in here)
             if kind == "end":
                 self.ended += count
@@ -159,6 +153,56 @@ class Opening:
             self.hits[pc] += count
             self.executed += count
             self.steps += 1
+        live = self._split(live, list(self.varying))  # each wave its own values
+        self.registers = None
+        return sorted((row, c.wave) for c in live for row in c.rows.tolist())
+
+    def _first(self, sgprs: list, execs: list, workgroups: int) -> list[Class]:
+        """The launch's classes at its start: its waves with one exec state (a wave
+        each of a workgroup), the `varying` SGPRs left out."""
+        per, group = len(execs), _Group()
+        by_exec = {}
+        for k, state in enumerate(execs):
+            by_exec.setdefault(state[0], []).append(k)
+        rows = np.arange(workgroups * per).reshape(workgroups, per)
+        classes = []
+        for indices in by_exec.values():
+            w = Wave.__new__(Wave)  # (no counter queues: the opening runs no memory instruction)
+            w.s = list(sgprs)
+            for i in self.varying:
+                w.s[i] = None
+            w.scc = w.pc = 0
+            w.group = group
+            w.exec, w.full, w.mask = execs[indices[0]]
+            classes.append(Class(w, rows[:, indices].ravel()))
+        return classes
+
+    def _split(self, classes: list[Class], slots: list) -> list[Class]:
+        """`classes` where those that leave out any of SGPR `slots` split by their
+        rows' values there (each new class holding them)."""
+        if not slots:
+            return classes
+        out = []
+        for c in classes:
+            s = c.wave.s
+            missing = [i for i in slots if s[i] is None]
+            if not missing:
+                out.append(c)
+                continue
+            values = np.stack([self.varying[i][c.rows] for i in missing])
+            order = np.lexsort(values[::-1])  # by their values; rows ascending within
+            keys = values[:, order]
+            edge = np.ones(len(order), bool)
+            edge[1:] = (keys[:, 1:] != keys[:, :-1]).any(axis=0)
+            starts = np.flatnonzero(edge)
+            bounds = np.append(starts, len(order)).tolist()
+            rows = c.rows[order]
+            for k, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+                w = c.wave if k == len(starts) - 1 else _copy(c.wave)  # (the class's own wave last)
+                for i, value in zip(missing, keys[:, lo].tolist()):
+                    w.s[i] = value
+                out.append(Class(w, rows[lo:hi]))
+        return out if len(out) > len(classes) else classes
 
     def _scalar(self, here: list[Class], pc: int) -> None:
         run = self.code[pc]
@@ -192,13 +236,12 @@ class Opening:
         """The VALU at `pc` once over the rows of `here`; returns the classes they are
         now (split by the masks it wrote), or None when it could not run here (the
         classes stop, untouched)."""
-        rows = Rows(here, self.registers)
-        spans = self.spans[pc]
+        rows = Rows(here, self.registers, self.varying)
         try:
             if rows.contiguous:
                 self.code[pc](rows)
             else:
-                rows.gathered(self.code[pc], self.registers, spans)
+                rows.gathered(self.code[pc], self.registers, self.spans[pc])
         except _NotPrivate:
             for c in here:
                 c.stopped = True
@@ -251,18 +294,19 @@ _NO_WAVES = _NoWaves()
 class Rows(Batch):
     """The rows of classes at one VALU instruction, seen as one state.Batch: vector
     registers are the launch's rows (a view when they are consecutive, else a
-    stage as state.Gathered's), exec masks and SGPRs each row its class's."""
+    stage as state.Gathered's), exec masks and SGPRs each row its class's (or its
+    own, `varying`, where its class leaves an SGPR out)."""
 
-    __slots__ = ("contiguous", "count", "order", "parts", "positions", "slots")
+    __slots__ = ("contiguous", "count", "parts", "positions", "slots", "varying")
 
-    def __init__(self, parts: list[Class], registers: np.ndarray):
-        self.parts = parts
+    def __init__(self, parts: list[Class], registers: np.ndarray, varying: dict):
+        self.parts, self.varying = parts, varying
         rows = np.concatenate([c.rows for c in parts]) if len(parts) > 1 else parts[0].rows
-        self.order = np.argsort(rows, kind="stable")
-        self.slots = rows[self.order]  # ascending
+        order = np.argsort(rows, kind="stable")
+        self.slots = rows[order]  # ascending
         self.count = count = len(rows)
         owner = np.repeat(np.arange(len(parts)), [len(c.rows) for c in parts])
-        self.positions = owner[self.order]  # each row's class (an index into parts)
+        self.positions = owner[order]  # each row's class (an index into parts)
         first = int(self.slots[0])
         self.contiguous = int(self.slots[-1]) - first == count - 1
         if self.contiguous:
@@ -289,13 +333,20 @@ class Rows(Batch):
     def read_exec(self) -> None:
         pass
 
-    def column(self, values: list):
-        """Each row's class value of `values` (one a class): an int when they agree,
-        else a uint64 column [rows, 1] (as a Batch's SGPR reads)."""
+    def column(self, values: list, slot=None):
+        """Each row's class value of `values` (one a class; None: the class leaves
+        SGPR `slot` out, each row its own): an int when they agree, else a uint64
+        column [rows, 1] (as a Batch's SGPR reads)."""
         first = values[0]
-        if values.count(first) == len(values):
+        if first is not None and values.count(first) == len(values):
             return first
-        return np.array(values, np.uint64)[self.positions].reshape(-1, 1)
+        column = np.array([0 if v is None else v for v in values], np.uint64)[self.positions]
+        if None in values:
+            own = np.isin(self.positions, [k for k, v in enumerate(values) if v is None])
+            column[own] = self.varying[slot][self.slots[own]]
+            if (column == column[0]).all():
+                return int(column[0])
+        return column.reshape(-1, 1)
 
     @property
     def exec(self):
@@ -350,5 +401,4 @@ class _RowScalars:
 
     def __getitem__(self, i):
         rows = self.rows
-        return rows.column([c.wave.s[i] for c in rows.parts])
-
+        return rows.column([c.wave.s[i] for c in rows.parts], i)

@@ -200,22 +200,25 @@ class Grid:
             g.waves.append(w)
         for g in groups:
             g.live = len(g.waves)
+            # some of its waves ended in the opening: in its first turn (machine.Machine._run_turn)
+            # its waves run together with the turn's others, as they would have with those
+            g.thinned = 0 < g.live < per
         self.waves = fresh
         return groups
 
     def _groups(self, workgroups: list[tuple], lds_bytes: int) -> list[Workgroup]:
         """The Workgroups of `workgroups` ((index, id, CU, _) each), an LDS row each in turn."""
-        row = 0
         stride, cells = self.lds.shape[1], self.lds_cells
         groups = []
         new = Workgroup.__new__
-        for (index, group_id, cu, _), lds in zip(workgroups, self.lds[row:row + len(workgroups), :max(lds_bytes, 4)]):
+        for row, (index, group_id, cu, _), lds in zip(itertools.count(), workgroups,
+                                                      self.lds[:len(workgroups), :max(lds_bytes, 4)]):
             g = new(Workgroup)
             g.index, g.id, g.cu, g.grid = index, group_id, cu, self
             g.lds, g.lds_base, g.lds_cells = lds, row * stride, cells
             g.exec_epoch = g.arrived = 0  # exec_epoch: counts exec writes of its waves (Batch.read_exec)
+            g.thinned = False  # see resume
             groups.append(g)
-            row += 1
         return groups
 
     def batch(self, first: int, stop: int) -> Batch:
@@ -275,7 +278,7 @@ class Workgroup:
     its compute unit's caches (coherence.Cu)."""
 
     __slots__ = ("arrived", "cu", "exec_epoch", "grid", "id", "index", "lds", "lds_base", "lds_cells", "live",
-                 "waves")
+                 "thinned", "waves")
 
 
 _EPOCH = operator.attrgetter("exec_epoch")
