@@ -270,7 +270,6 @@ class Machine:
         self._round = 0  # the scheduling round (_schedule)
         self.timing, self.regions = timing, regions
         self.opening = opening
-        self._opened = None  # this launch's opening.Opening (_launch)
         self._timer = None
 
     def map(self, array, name: str | None = None) -> int:
@@ -315,26 +314,26 @@ class Machine:
         scoreboard = inflight.Scoreboard(kernel, setup.accum_offset)
         spans = _gather_spans(scoreboard, batchable, classes)
         # the waves' private start, run as arrays before the scheduler (opening.py)
-        self._opened = None
+        opened = None
         if self.opening and self.batching and timer is None:
-            self._opened = Opening(checked, opening_kinds(kernel, code, checked, classes, batchable, quiet,
+            opened = Opening(checked, opening_kinds(kernel, code, checked, classes, batchable, quiet,
                                                           scoreboard.effects, setup.accum_offset),
                                    spans, scoreboard.touches)
         launch_buffers = [self.memory.map(array, name) for name, array in setup.launch_buffers.items()]
         try:
             with np.errstate(all="ignore"):  # integer wrap-around and IEEE specials are the ISA's
-                groups, registers = setup.workgroups(*launch_buffers, _order(order, grid), mem, self._opened)
+                groups, registers = setup.workgroups(*launch_buffers, _order(order, grid), mem, opened)
                 if timer is not None:  # timing mode: waves one at a time, in modeled time order
                     timer.schedule(groups, checked, kernel, stats, scoreboard)
                 else:
                     self._schedule(groups, registers, checked, (batchable, stops, jumps, quiet, spans),
-                                   kernel, stats, scoreboard)
+                                   kernel, stats, scoreboard, opened)
             mem.end()
         finally:
             for base in launch_buffers:
                 self.memory.unmap(base)
         stats.stale_bytes, stats.written_back = mem.stale_bytes, mem.written_back
-        self._finish(stats, classes, groups)
+        self._finish(stats, classes, groups, opened.ended if opened else 0)
         registers.release()
         self._wake = {}
         return stats
@@ -366,8 +365,9 @@ class Machine:
         classes.append("none")
         return code, classes
 
-    def _schedule(self, groups, grid, code, steps, kernel, stats: Stats, scoreboard) -> None:
-        opened = self._opened  # what the launch's opening ran, counted in
+    def _schedule(self, groups, grid, code, steps, kernel, stats: Stats, scoreboard, opened=None) -> None:
+        """Run the launch's `groups` to their end (`opened`: its opening, whose
+        wave-instructions count in)."""
         hits = self._hits = list(opened.hits) if opened else [0] * len(code)
         self._batched, self._batches = (opened.batched, opened.batches) if opened else (0, 0)
         live = [g for g in groups if g.live]
@@ -735,7 +735,8 @@ class Machine:
             raise _named(error, w, kernel, pc) from error
         return quantum, "quantum"
 
-    def _finish(self, stats: Stats, classes, groups) -> None:
+    def _finish(self, stats: Stats, classes, groups, ended: int) -> None:
+        """The launch's counters; `ended`: its waves that ended in its opening."""
         counts = collections.Counter()
         for cls, hit in zip(classes, self._hits):
             counts[cls] += hit
@@ -748,7 +749,7 @@ class Machine:
             stats.bytes_written[region.name] = region.written
         stats.cache_policy = {key: cell[0] for key, cell in stats.cache_policy.items() if cell[0]}
         stats.workgroups = len(groups)
-        stats.waves = sum(len(g.waves) for g in groups) + (self._opened.ended if self._opened else 0)
+        stats.waves = sum(len(g.waves) for g in groups) + ended
         stats.polls = {(g.index, w.index): w.polls for g in groups for w in g.waves if w.polls}
 
 
@@ -1138,7 +1139,7 @@ class LaunchSetup:
         if opening is not None and opening.kinds[0] is not None:
             waves = opening.run(starts, execs, range(len(user), len(user) + len(axes)), grid.registers)
             going = Grid(len(waves), self.vector_registers, len(order), self.lds_bytes)
-            going.registers[:] = grid.registers[[row for row, _ in waves]]
+            going.registers[:] = grid.registers[[row for row, _, _ in waves]]
             return going.resume(starts, len(v0), waves, self.lds_bytes), going
         return grid.start(starts, execs, self.lds_bytes), grid
 

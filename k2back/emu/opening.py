@@ -115,7 +115,8 @@ class Opening:
         each of a workgroup), on the launch's vector `registers` [waves, registers,
         64], a row each wave in that order; `varying`: the SGPR slots whose initial
         values differ between workgroups. Returns the waves that go on, (row, a
-        Wave standing for it: its pc, scalar file, SCC and exec) each, rows ascending."""
+        Wave standing for it: its pc, scalar file, SCC and exec; the row's own
+        (slot, value) of the SGPRs that Wave leaves out) each, rows ascending."""
         per = len(execs)
         self.registers = registers
         self.varying = {i: np.repeat(np.array([start[3][i] for start in starts], np.uint64), per)
@@ -153,9 +154,18 @@ class Opening:
             self.hits[pc] += count
             self.executed += count
             self.steps += 1
-        live = self._split(live, list(self.varying))  # each wave its own values
         self.registers = None
-        return sorted((row, c.wave) for c in live for row in c.rows.tolist())
+        return sorted(wave for c in live for wave in self._waves(c))
+
+    def _waves(self, c: Class) -> list[tuple]:
+        """(row, `c`'s Wave, the row's own (SGPR slot, value) where `c` leaves them out)
+        of each wave of class `c`."""
+        rows = c.rows.tolist()
+        missing = [i for i in self.varying if c.wave.s[i] is None]
+        if not missing:
+            return [(row, c.wave, ()) for row in rows]
+        values = zip(*[self.varying[i][c.rows].tolist() for i in missing])
+        return [(row, c.wave, tuple(zip(missing, own))) for row, own in zip(rows, values)]
 
     def _first(self, sgprs: list, execs: list, workgroups: int) -> list[Class]:
         """The launch's classes at its start: its waves with one exec state (a wave

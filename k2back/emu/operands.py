@@ -253,7 +253,7 @@ def vector_writer(op: Operand, dtype, where: str, high: bool = False, zero_high:
         def write_mask(w, m):
             if w.waves is None:
                 write(w, mask_to_int(m) & w.exec if np.ndim(m) else w.exec if m else 0)
-            elif w.write_mask is not None:  # the rows of a launch's opening (opening.Rows)
+            elif getattr(w, "write_mask", None) is not None:  # the rows of a launch's opening (opening.Rows)
                 w.write_mask(write, _mask_rows(m, w.count))
             elif pair is None:  # a Batch: each wave its row
                 for wave, bits in zip(w.waves, _mask_rows(m, len(w.waves)).tolist()):

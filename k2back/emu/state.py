@@ -179,17 +179,20 @@ class Grid:
         """Start `workgroups` (as `start`, of `per` waves each at the launch's start)
         with the waves a launch's opening left them (opening.py): `waves`, (the
         wave's row in the launch, rows ascending; the wave standing for its class,
-        whose pc, scalar file, SCC and exec it takes), in this Grid's slots in
-        turn (its registers are those rows' registers)."""
+        whose pc, scalar file, SCC and exec it takes; (SGPR slot, value) of its own
+        where that wave's file leaves them out) each, in this Grid's slots in turn
+        (its registers are those rows' registers)."""
         groups = self._groups(workgroups, lds_bytes)
         for g in groups:
             g.waves = []
         registers = self.registers
         rows = zip(registers, registers.view(np.float32), registers.view(np.int32))
         fresh = spare(len(waves))
-        for slot, (row, like), w, (r, f, i) in zip(itertools.count(), waves, fresh, rows):
+        for slot, (row, like, own), w, (r, f, i) in zip(itertools.count(), waves, fresh, rows):
             g = groups[row // per]
             w.s[:] = like.s
+            for k, value in own:
+                w.s[k] = value
             w.r, w.f, w.i = r, f, i
             w.group = g
             w.index = row % per
@@ -294,8 +297,6 @@ class Batch:
     workgroup, None when it spans several."""
 
     __slots__ = ("all_lanes", "epoch", "f", "full", "group", "groups", "i", "mask", "r", "s", "waves")
-
-    write_mask = None  # opening.Rows: a compare's masks of every row at once (operands.vector_writer)
 
     def __init__(self, grid: Grid, first: int, stop: int):
         self._take(grid.waves[first:stop], grid.registers[first:stop])
