@@ -183,7 +183,7 @@ def test_each_workgroups_lds_is_its_own_row_of_the_grids():
     from k2back.emu.state import Grid, exec_state
 
     grid = Grid(6, 4, workgroups=3, lds_bytes=1030)
-    groups = grid.start([(i, (i, 0, 0), None, [0] * 128) for i in range(3)], [exec_state(2**64 - 1)] * 2, 1030)
+    groups = grid.start([(i, (i, 0, 0), None, [0] * 128) for i in range(3)], [exec_state(2**64 - 1)] * 2)
     flat, words = grid.lds_cells
     for i, g in enumerate(groups):
         assert g.lds.size == 1030 and g.lds_base % 16 == 0

@@ -1128,20 +1128,23 @@ class LaunchSetup:
         v0 = self._work_item_ids(d("system_vgpr_workitem_id", 0) + 1)
         execs = [exec_state(M64 >> (LANES - min(LANES, self.threads - index * LANES))) for index in range(len(v0))]
         gx, gy, _ = self.grid
-        grid = Grid(len(order) * len(v0), self.vector_registers, len(order), self.lds_bytes)
-        grid.registers[:, 0] = np.tile(v0, (len(order), 1))
         blank = [0] * (SGPR_SLOTS - len(user) - len(system))
         axes = ["xyz".index(axis) for axis in system]
         starts = []
         for linear in order:
             group_id = (linear % gx, (linear // gx) % gy, linear // (gx * gy))
             starts.append((linear, group_id, mem.cu(linear), user + [group_id[a] for a in axes] + blank))
+        waves = len(order) * len(v0)
         if opening is not None and opening.kinds[0] is not None:
-            waves = opening.run(starts, execs, range(len(user), len(user) + len(axes)), grid.registers)
-            going = Grid(len(waves), self.vector_registers, len(order), self.lds_bytes)
-            going.registers[:] = grid.registers[[row for row, _, _ in waves]]
-            return going.resume(starts, len(v0), waves, self.lds_bytes), going
-        return grid.start(starts, execs, self.lds_bytes), grid
+            registers = np.zeros((self.vector_registers, waves, LANES), np.uint32)  # (register-major)
+            registers[0] = np.tile(v0, (len(order), 1))
+            going = opening.run(starts, execs, range(len(user), len(user) + len(axes)), registers)
+            grid = Grid(len(going), self.vector_registers, len(order), self.lds_bytes)
+            grid.registers[:] = registers[:, [row for row, _, _ in going]].transpose(1, 0, 2)
+            return grid.resume(starts, len(v0), going), grid
+        grid = Grid(waves, self.vector_registers, len(order), self.lds_bytes)
+        grid.registers[:, 0] = np.tile(v0, (len(order), 1))
+        return grid.start(starts, execs), grid
 
     def _work_item_ids(self, components: int) -> np.ndarray:
         """v0 of every wave of a workgroup, [waves, 64]: gfx90a+ packs the work-item

@@ -112,8 +112,9 @@ class Opening:
     def run(self, starts: list, execs: list, varying: list, registers: np.ndarray) -> list[tuple]:
         """Run the waves of `starts` ((index, id, CU, initial scalar file) a workgroup,
         in scheduling order), with exec states `execs` (state.exec_state, a wave
-        each of a workgroup), on the launch's vector `registers` [waves, registers,
-        64], a row each wave in that order; `varying`: the SGPR slots whose initial
+        each of a workgroup), on the launch's vector `registers` [registers, waves,
+        64] (register-major: a register of every wave is one block), a row each
+        wave in that order; `varying`: the SGPR slots whose initial
         values differ between workgroups. Returns the waves that go on, (row, a
         Wave standing for it: its pc, scalar file, SCC and exec; the row's own
         (slot, value) of the SGPRs that Wave leaves out) each, rows ascending."""
@@ -303,8 +304,8 @@ _NO_WAVES = _NoWaves()
 
 class Rows(Batch):
     """The rows of classes at one VALU instruction, seen as one state.Batch: vector
-    registers are the launch's rows (a view when they are consecutive, else a
-    stage as state.Gathered's), exec masks and SGPRs each row its class's (or its
+    registers are the launch's rows (Opening.run's registers: a view when they are
+    consecutive, else a stage as state.Gathered's), exec masks and SGPRs each row its class's (or its
     own, `varying`, where its class leaves an SGPR out)."""
 
     __slots__ = ("contiguous", "count", "parts", "positions", "slots", "varying")
@@ -320,9 +321,9 @@ class Rows(Batch):
         first = int(self.slots[0])
         self.contiguous = int(self.slots[-1]) - first == count - 1
         if self.contiguous:
-            self.r = registers[first:first + count].transpose(1, 0, 2)
+            self.r = registers[:, first:first + count]
         else:
-            self.r = np.empty((registers.shape[1], count, LANES), np.uint32)
+            self.r = np.empty((registers.shape[0], count, LANES), np.uint32)
         self.f, self.i = self.r.view(np.float32), self.r.view(np.int32)
         self.waves, self.group, self.groups, self.epoch = _NO_WAVES, None, (), None
         self.all_lanes = all_lanes(count)
@@ -335,10 +336,10 @@ class Rows(Batch):
         reads, writes = spans
         slots, stage = self.slots, self.r
         for lo, hi in reads:
-            stage[lo:hi] = registers[slots, lo:hi].transpose(1, 0, 2)
+            stage[lo:hi] = registers[lo:hi, slots]
         run(self)
         for lo, hi in writes:
-            registers[slots, lo:hi] = stage[lo:hi].transpose(1, 0, 2)
+            registers[lo:hi, slots] = stage[lo:hi]
 
     def read_exec(self) -> None:
         pass

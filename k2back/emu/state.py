@@ -130,28 +130,29 @@ class Grid:
     instruction of several workgroups' waves executes once too, each lane
     addressing its own workgroup's row (memops.py)."""
 
-    __slots__ = ("batches", "lds", "lds_cells", "registers", "waves")
+    __slots__ = ("batches", "lds", "lds_cells", "lds_size", "registers", "waves")
 
     def __init__(self, waves: int, vector_registers: int, workgroups: int = 1, lds_bytes: int = 0):
         self.registers = np.zeros((waves, vector_registers, LANES), dtype=np.uint32)
         # rows a multiple of 16 bytes apart: a dword cell never straddles two workgroups
-        self.lds = np.zeros((workgroups, -(-max(lds_bytes, 4) // 16) * 16), dtype=np.uint8)
+        self.lds_size = max(lds_bytes, 4)  # a workgroup's
+        self.lds = np.zeros((workgroups, -(-self.lds_size // 16) * 16), dtype=np.uint8)
         flat = self.lds.reshape(-1)
         self.lds_cells = (flat, flat.view("<u4"))
         self.waves: list[Wave] = []  # by slot
         self.batches = {}  # (first slot, last slot + 1) -> Batch
 
-    def start(self, workgroups: list[tuple], execs: list[tuple], lds_bytes: int) -> list[Workgroup]:
+    def start(self, workgroups: list[tuple], execs: list[tuple]) -> list[Workgroup]:
         """Start the launch's `workgroups`, (index, id, CU caches (coherence.Cu),
         initial scalar file) each, in scheduling order, of waves with initial exec
         states `execs` (`exec_state` of each wave's exec mask), their waves in
-        slot order, each workgroup with `lds_bytes` of LDS (its row of `lds`). In one pass over the
+        slot order, each workgroup its row of `lds`. In one pass over the
         waves, one assignment a field (a grid starts thousands): a wave's scalar
         file is a copy of its workgroup's; its counter queues are empty
         (`release`); its vector registers are its rows of `registers` as u32, f32
         and i32 views (made in bulk: numpy's iteration over the three views)."""
         per = len(execs)
-        groups = self._groups(workgroups, lds_bytes)
+        groups = self._groups(workgroups)
         waves = spare(len(workgroups) * per)
         registers = self.registers
         rows = zip(registers, registers.view(np.float32), registers.view(np.int32))
@@ -175,14 +176,14 @@ class Grid:
         self.waves = waves
         return groups
 
-    def resume(self, workgroups: list[tuple], per: int, waves: list[tuple], lds_bytes: int) -> list[Workgroup]:
+    def resume(self, workgroups: list[tuple], per: int, waves: list[tuple]) -> list[Workgroup]:
         """Start `workgroups` (as `start`, of `per` waves each at the launch's start)
         with the waves a launch's opening left them (opening.py): `waves`, (the
         wave's row in the launch, rows ascending; the wave standing for its class,
         whose pc, scalar file, SCC and exec it takes; (SGPR slot, value) of its own
         where that wave's file leaves them out) each, in this Grid's slots in turn
         (its registers are those rows' registers)."""
-        groups = self._groups(workgroups, lds_bytes)
+        groups = self._groups(workgroups)
         for g in groups:
             g.waves = []
         registers = self.registers
@@ -209,16 +210,15 @@ class Grid:
         self.waves = fresh
         return groups
 
-    def _groups(self, workgroups: list[tuple], lds_bytes: int) -> list[Workgroup]:
+    def _groups(self, workgroups: list[tuple]) -> list[Workgroup]:
         """The Workgroups of `workgroups` ((index, id, CU, _) each), an LDS row each in turn."""
-        stride, cells = self.lds.shape[1], self.lds_cells
+        cells = self.lds_cells
         groups = []
         new = Workgroup.__new__
-        for row, (index, group_id, cu, _), lds in zip(itertools.count(), workgroups,
-                                                      self.lds[:len(workgroups), :max(lds_bytes, 4)]):
+        for base, (index, group_id, cu, _) in zip(range(0, self.lds.size, self.lds.shape[1]), workgroups):
             g = new(Workgroup)
             g.index, g.id, g.cu, g.grid = index, group_id, cu, self
-            g.lds, g.lds_base, g.lds_cells = lds, row * stride, cells
+            g.lds_base, g.lds_cells = base, cells
             g.exec_epoch = g.arrived = 0  # exec_epoch: counts exec writes of its waves (Batch.read_exec)
             g.thinned = False  # see resume
             groups.append(g)
@@ -280,8 +280,13 @@ class Workgroup:
     (`lds`) a row of the Grid's LDS, `lds_base` bytes into Grid.lds_cells; `cu`:
     its compute unit's caches (coherence.Cu)."""
 
-    __slots__ = ("arrived", "cu", "exec_epoch", "grid", "id", "index", "lds", "lds_base", "lds_cells", "live",
+    __slots__ = ("arrived", "cu", "exec_epoch", "grid", "id", "index", "lds_base", "lds_cells", "live",
                  "thinned", "waves")
+
+    @property
+    def lds(self) -> np.ndarray:
+        """Its LDS, as bytes (a view of its row of the Grid's)."""
+        return self.lds_cells[0][self.lds_base:self.lds_base + self.grid.lds_size]
 
 
 _EPOCH = operator.attrgetter("exec_epoch")
