@@ -98,14 +98,14 @@ class Opening:
     launch's checked closures), `kinds` (`kinds()`), `spans` (the register rows
     each VALU reads and writes, machine._gather_spans), `touches` (each
     instruction's register bits, inflight.Scoreboard.touches: the SGPRs it names).
-    Counts `hits[pc]`, wave-instructions run at each, `executed` in all, `steps`,
-    the waves that `ended`, and VALU steps also as `batched` wave-instructions in
+    Counts `hits[pc]`, wave-instructions run at each, `executed` in all, the
+    waves that `ended`, and VALU steps also as `batched` wave-instructions in
     `batches` runs."""
 
     def __init__(self, code, kinds: list, spans: list, touches: list):
         self.code, self.kinds, self.spans, self.touches = code, kinds, spans, touches
         self.hits = [0] * len(code)
-        self.executed = self.steps = self.batched = self.batches = self.ended = 0
+        self.executed = self.batched = self.batches = self.ended = 0
         self.registers = None
         self.varying = {}  # SGPR slot -> each row's value (uint64) where a class leaves it out (None)
 
@@ -154,7 +154,6 @@ class Opening:
                 self._branch(here, pc)
             self.hits[pc] += count
             self.executed += count
-            self.steps += 1
         self.registers = None
         return sorted(wave for c in live for wave in self._waves(c))
 
