@@ -230,7 +230,7 @@ class Machine:
     def __init__(self, arch: str, *, memory: str = "strict", quantum: int = 256,
                  stall_rounds: int = 2000, max_wave_instructions: int = 100_000_000, trace=None,
                  mfma_accumulate: str = "exact", transcendental_error_seed=None,
-                 fnuz_negative_zero: int = 0x00, timing=False, regions=None):
+                 fnuz_negative_zero: int = 0x00, timing=False, regions=None, opening: bool = True):
         """`memory`: "strict" (the GFX942 memory model, adversarial: coherence.py) or
         "ideal" (one coherent memory, every access performed when issued: cheaper,
         for unit tests of instructions). `trace(wave, instruction)`, if given, is
@@ -241,7 +241,11 @@ class Machine:
         (`numerics.Options`). `timing` (True, or a timing_parts.Part to charge
         instead of the arch's): run waves in modeled time order and fill
         Stats.modeled_ns / spans (timing.py); `regions(kernel)`, if given, names each
-        instruction (e.g. its stage) for Stats.timeline."""
+        instruction (e.g. its stage) for Stats.timeline. `opening`: before the scheduler
+        starts, every wave runs its private instructions (no memory, LDS, barrier,
+        clock or pc) as arrays over all waves; outputs, counters (but `batched`,
+        `batches`, `rounds`) and errors are the same without it (off in timing mode
+        and when tracing)."""
         try:
             self.numerics = nx.Options(mfma_accumulate, transcendental_error_seed, fnuz_negative_zero)
         except ValueError as error:
@@ -264,6 +268,7 @@ class Machine:
         self._wake = {}
         self._round = 0  # the scheduling round (_schedule)
         self.timing, self.regions = timing, regions
+        self.opening = opening  # the launch's private opening run as arrays (off: timing, trace)
         self._timer = None
 
     def map(self, array, name: str | None = None) -> int:
