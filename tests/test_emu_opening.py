@@ -228,7 +228,7 @@ EDGES = (0, 1, 2, 31, 32, 33, 63, 64, 0x7FFF, 0x8000, 0xFFFF, 0x10000, 0x7FFFFFF
 COMPARES = {"eq": np.equal, "ne": np.not_equal, "ult": np.less, "ugt": np.greater,
             "ule": np.less_equal, "uge": np.greater_equal}
 SIGNED_COMPARES = {"slt": np.less, "sgt": np.greater, "sle": np.less_equal, "sge": np.greater_equal}
-U32, U64 = np.uint32, np.uint64
+U32, U64, M32 = np.uint32, np.uint64, 0xFFFFFFFF
 BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "and": np.bitwise_and,
           "or": np.bitwise_or, "xor": np.bitwise_xor}
 SHIFTS = {"shl": lambda a, b, bits: a << b, "lshr": lambda a, b, bits: a >> b,
@@ -620,8 +620,11 @@ SCALAR_SEEDS = """
 \ts_mov_b64 s[14:15], s[8:9]
 \ts_xor_b64 s[16:17], vcc, s[10:11]
 \ts_lshl_b32 s18, s12, 26
-\ts_sub_u32 s19, s18, s2"""
-POOL32 = [f"s{i}" for i in range(10, 20)] + ["vcc_lo", "vcc_hi", "exec_lo"]
+\ts_setprio 2
+\ts_sub_u32 s19, s18, s2
+\ts_nop 3
+\ts_xor_b32 m0, s13, s19"""
+POOL32 = [f"s{i}" for i in range(10, 20)] + ["vcc_lo", "vcc_hi", "exec_lo", "exec_hi", "m0"]
 POOL64 = ["s[8:9]", "s[10:11]", "s[14:15]", "s[16:17]", "s[18:19]", "vcc", "exec"]
 INLINE = ["0", "1", "-1", "7", "31", "32", "63", "64", "-16", "0x80000000", "0xffff", "0x12345678",
           "0xfffffffe", "0x7fffffff"]
@@ -748,16 +751,17 @@ SOP_PARTS = [SOP_NAMES[i::3] for i in range(3)]
 def test_every_salu_op_in_a_private_prefix(arch, part):
     ops = ScalarOps(part, SOP_PARTS[part])
     assert ops.width <= 248
-    asm = wide_handwritten(arch, ops.body(192))
+    asm = wide_handwritten(arch, ops.body(160))
     assert not hazards.find_hazards(asm_text.parse_kernel(asm, "hand"), arch, 256)  # nothing checked, stops
     assert private_prefix(asm, "hand") > 200
-    arrays = {"out": np.full(5 * 192 * ops.width, 0xA5A5A5A5, np.uint32)}
-    got = same_with_and_without(asm, arch, "hand", arrays, grid=(5,), block=(192,),
+    arrays = {"out": np.full(5 * 160 * ops.width, 0xA5A5A5A5, np.uint32)}
+    got = same_with_and_without(asm, arch, "hand", arrays, grid=(5,), block=(160,),  # the third wave: 32 lanes
                                 order=random_order(5, part))
     assert got.error is None, got.error
-    out = got.outputs["out"].reshape(5, 3, 64, ops.width)
-    # the waves computed differently (a per-wave mask), the lanes alike except under saveexec
-    assert len({out[g, w, 0].tobytes() for g in range(5) for w in range(3)}) >= 10
+    out = got.outputs["out"].reshape(5, 160, ops.width)
+    assert (out != 0xA5A5A5A5).all()  # every thread stored every result
+    # the waves computed differently (a per-wave mask, exec), the lanes alike except under saveexec
+    assert len({out[g, 64 * w].tobytes() for g in range(5) for w in range(3)}) >= 10
 
 
 def test_the_salu_prefixes_cover_the_table():
@@ -802,6 +806,15 @@ HAND_ERRORS = {
     "UnsupportedInstruction": HAND_PREFIX + """
 \ts_cbranch_vccz .Lfine
 \tv_frobnicate_b32 v1, v1, v2
+.Lfine:""",
+    # ... a scalar one (not implemented; an operand it does not take)
+    "UnsupportedInstruction salu": HAND_PREFIX + """
+\ts_cbranch_vccz .Lfine
+\ts_frobnicate_b32 s10, s2
+.Lfine:""",
+    "UnsupportedInstruction operand": HAND_PREFIX + """
+\ts_cbranch_vccz .Lfine
+\ts_add_u32 s10, v1, s2
 .Lfine:""",
     # workgroup 3 reads the loaded SGPR before the s_waitcnt that covers it
     "ScoreboardError": HAND_PREFIX + """
@@ -917,3 +930,234 @@ def test_polls_after_a_private_prefix(arch, order):
     assert set(got.counters["polls"]) == {(4, 1)}
     if order == "forward":  # workgroup 4 started first, waited for 5
         assert got.counters["polls"][(4, 1)] > 0
+
+
+# ---------------------------------------------------------------- the clock, a trace, timing mode
+
+# each wave stores the clock it reads after a private prefix (s_memtime: in
+# functional mode the wave-instructions the machine executed so far) and its pc
+CLOCK = HAND_PREFIX + """
+\t{clock} s[20:21]
+\ts_getpc_b64 s[22:23]
+\ts_load_dwordx2 s[4:5], s[0:1], 0x0
+\ts_mul_i32 s3, s2, 4096
+\tv_lshlrev_b32_e32 v5, 4, v0
+\tv_add_u32_e32 v5, s3, v5
+\ts_waitcnt lgkmcnt(0)
+\tv_mov_b32_e32 v6, s20
+\tv_mov_b32_e32 v7, s21
+\tv_mov_b32_e32 v8, s22
+\tv_mov_b32_e32 v9, s23
+\tglobal_store_dwordx4 v5, v[6:9], s[4:5]
+\ts_waitcnt vmcnt(0)"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("clock", ["s_memtime", "s_memrealtime"])
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_the_clock_read_after_a_private_prefix(arch, clock, order):
+    """The clock counts the wave-instructions the machine executed before it
+    (the waves' prefixes among them: as many with the opening)."""
+    asm = handwritten(arch, CLOCK.format(clock=clock))
+    assert not hazards.find_hazards(asm_text.parse_kernel(asm, "hand"), arch, 32)
+    got = same_with_and_without(asm, arch, "hand", {"out": np.zeros(5 * 256 * 4, np.uint32)}, grid=(5,),
+                                block=(256,), order=order)
+    assert got.error is None, got.error
+    clocks = got.outputs["out"].reshape(5, 4, 64, 4)[:, :, 0, 0]
+    assert (clocks >= 20 * 10).all()  # after the 20 waves' prefixes (batched: the turns run them first)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_trace_sees_every_instruction(arch):
+    """Tracing turns the opening off: the trace sees every wave-instruction of every wave."""
+    seen = []
+    arrays = {"marks": np.zeros(12, np.int32), "data": np.zeros(12 * 64, np.int32)}
+    traced = launch(IDLE, arch, "idle_wave", arrays, opening=True, grid=(12,), block=(512,),
+                    trace=lambda w, ins: seen.append((w.name, ins.line)))
+    plain = same_with_and_without(IDLE, arch, "idle_wave", arrays, grid=(12,), block=(512,))
+    assert len(seen) == traced.counters["wave_instructions"] == plain.counters["wave_instructions"]
+    assert len({name for name, _ in seen}) == 12 * 8
+    assert traced.counters == plain.counters
+    for key in arrays:
+        np.testing.assert_array_equal(traced.outputs[key], plain.outputs[key])
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("kernel", ["idle_wave", "prefix"])
+def test_timing_mode_is_the_same_with_the_opening_asked_for(arch, kernel):
+    """Timing mode runs waves one at a time in modeled time: no opening, the same
+    modeled times and spans."""
+    if kernel == "prefix":
+        case, _ = prefix_case(2, arch)
+        args = (case.ir, arch, "prefix", case.arrays())
+        shape = {"grid": case.grid, "block": case.block}
+    else:
+        args = (IDLE, arch, "idle_wave", {"marks": np.zeros(16, np.int32), "data": np.zeros(16 * 64, np.int32)})
+        shape = {"grid": (16,), "block": (512,)}
+    got = same_with_and_without(*args, timing=True, **shape)
+    assert got.error is None and got.counters["modeled_ns"] > 0
+
+
+# ---------------------------------------------------------------- launches, barriers
+
+# Waves ((wave + workgroup) % 3 == 0) end before the others' barrier; the others
+# meet there and read their partner's (wave ^ 1) LDS words (-1 for a partner that ended).
+MEET = module("""
+@lds = internal addrspace(3) global [512 x i32] poison, align 16
+define amdgpu_kernel void @meet(ptr addrspace(1) %out) #0 {
+entry:
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
+  %wave = lshr i32 %tid, 6
+  %h = mul i32 %wg, -1640531535
+  %x = xor i32 %h, %tid
+  %x3 = mul i32 %x, 3
+  %y = xor i32 %x3, %wave
+  %w3 = add i32 %wave, %wg
+  %r = urem i32 %w3, 3
+  %quit = icmp eq i32 %r, 0
+  br i1 %quit, label %done, label %stay
+stay:
+  %slot = getelementptr i32, ptr addrspace(3) @lds, i32 %tid
+  store i32 %y, ptr addrspace(3) %slot
+  fence syncscope("workgroup") release
+  call void @llvm.amdgcn.s.barrier()
+  fence syncscope("workgroup") acquire
+  %pwave = xor i32 %wave, 1
+  %pw3 = add i32 %pwave, %wg
+  %pr = urem i32 %pw3, 3
+  %pquit = icmp eq i32 %pr, 0
+  %ptid = xor i32 %tid, 64
+  %from = select i1 %pquit, i32 %tid, i32 %ptid
+  %pslot = getelementptr i32, ptr addrspace(3) @lds, i32 %from
+  %pv = load i32, ptr addrspace(3) %pslot
+  %got = select i1 %pquit, i32 -1, i32 %pv
+  %row = mul i32 %wg, 512
+  %at = add i32 %row, %tid
+  %p = getelementptr i32, ptr addrspace(1) %out, i32 %at
+  store i32 %got, ptr addrspace(1) %p
+  br label %done
+done:
+  ret void
+}
+declare i32 @llvm.amdgcn.workitem.id.x()
+declare i32 @llvm.amdgcn.workgroup.id.x()
+declare void @llvm.amdgcn.s.barrier()
+""")
+
+
+def meet_expected(groups: int) -> np.ndarray:
+    tid, wg = np.arange(512, dtype=np.uint32), np.arange(groups, dtype=np.uint32)[:, None]
+    wave = tid >> U32(6)
+    y = (((wg * U32(2654435761)) ^ tid) * U32(3)) ^ wave
+    quit_ = (wave + wg) % 3 == 0
+    partner_quit = ((wave ^ 1) + wg) % 3 == 0
+    got = np.where(partner_quit, U32(0xFFFFFFFF), y[:, tid ^ 64])
+    return np.where(quit_, U32(0), got).reshape(-1)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_a_barrier_after_some_waves_ended_in_the_opening(arch, order):
+    got = same_with_and_without(MEET, arch, "meet", {"out": np.zeros(7 * 512, np.uint32)}, grid=(7,),
+                                block=(512,), order=order)
+    assert got.error is None, got.error
+    np.testing.assert_array_equal(got.outputs["out"], meet_expected(7))
+    assert got.counters["barriers"] == 7
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_launches_one_after_another_on_one_machine(arch):
+    """Waves that ended in the opening never were Wave objects; the machine's
+    next launches (which start the wave objects again) are as they were."""
+    case, _ = prefix_case(1, arch)
+    launches = [(IDLE, "idle_uniform", {"marks": np.zeros(40 * 8, np.int32), "data": np.zeros(40 * 64, np.int32)},
+                 (40,), (512,)),
+                (case.ir, "prefix", case.arrays(), case.grid, case.block),
+                (MEET, "meet", {"out": np.zeros(3 * 512, np.uint32)}, (3,), (512,)),
+                (IDLE, "idle_wave", {"marks": np.zeros(9, np.int32), "data": np.zeros(9 * 64, np.int32)},
+                 (9,), (512,))]
+    runs = {}
+    for opening in (True, False):
+        machine = Machine(arch, opening=opening)
+        runs[opening] = []
+        for ir, name, arrays, grid, block in launches:
+            copies = {k: v.copy() for k, v in arrays.items()}
+            stats = run(ir, arch, name, copies, grid=grid, block=block, machine=machine)
+            runs[opening].append(({k: v.tolist() for k, v in copies.items()}, counters(stats)))
+    assert runs[True] == runs[False]
+    np.testing.assert_array_equal(runs[True][1][0]["out"], case.expected())
+    np.testing.assert_array_equal(runs[True][2][0]["out"], meet_expected(3))
+
+
+# The waves of a workgroup share their scalar state through the prefix (the opening
+# may run their SALU once); after a load each reads its own wave id and goes on alone.
+ALONE_AFTER = """
+\ts_mul_i32 s10, s2, 0x9e3779b1
+\ts_add_u32 s11, s10, 5
+\ts_lshl_b64 s[12:13], s[10:11], 3
+\ts_load_dwordx2 s[4:5], s[0:1], 0x0
+\tv_lshrrev_b32_e32 v1, 6, v0
+\ts_nop 0
+\tv_readfirstlane_b32 s14, v1
+\ts_mul_i32 s11, s11, s14
+\ts_add_u32 s10, s10, s14
+\ts_xor_b32 s12, s12, s11
+\ts_mul_i32 s3, s2, 0x600
+\tv_lshlrev_b32_e32 v5, 3, v0
+\tv_add_u32_e32 v5, s3, v5
+\ts_waitcnt lgkmcnt(0)
+\tv_mov_b32_e32 v2, s10
+\tv_mov_b32_e32 v3, s12
+\tglobal_store_dwordx2 v5, v[2:3], s[4:5]
+\ts_waitcnt vmcnt(0)"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_scalar_state_shared_in_the_opening_is_each_waves_own_after_it(arch):
+    asm = handwritten(arch, ALONE_AFTER)
+    got = same_with_and_without(asm, arch, "hand", {"out": np.zeros(6 * 192 * 2, np.uint32)}, grid=(6,),
+                                block=(192,), order="reverse")
+    assert got.error is None, got.error
+    wg, wave = np.arange(6, dtype=np.uint64)[:, None], np.arange(192, dtype=np.uint64)[None, :] >> U64(6)
+    s10 = wg * U64(0x9E3779B1) & U64(M32)
+    s11 = (s10 + U64(5)) & U64(M32)
+    s12 = ((s10 | s11 << U64(32)) << U64(3)) & U64(M32)
+    want = np.stack([(s10 + wave) & U64(M32), s12 ^ ((s11 * wave) & U64(M32))], axis=-1)
+    np.testing.assert_array_equal(got.outputs["out"].reshape(6, 192, 2), want.astype(np.uint32))
+
+
+# ---------------------------------------------------------------- (7) the K2 kernel
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+def test_the_k2_kernel_with_and_without_the_opening(arch, order):
+    """K2 tiny (TP 1, 16 tokens) through the emulator backend: the same output
+    and scratch bytes, the same counters."""
+    import torch
+
+    from k2back import testing
+    from k2back.codegen.compiler import compile as compile_source
+    from k2back.codegen.plan import plan
+    from k2back.codegen.render import KernelSource
+    from k2back.runtime import launch as runtime_launch
+    from k2back.runtime.emu import EmuBackend
+
+    spec = plan("tiny", 1, 16, 2, arch)
+    kernel = compile_source(KernelSource(spec))
+    inputs = testing.make_inputs("tiny", 1, 16, 2, seed=0, arch=arch)
+    qk_scale = inputs.pop("qk_scale")
+    runs = {}
+    for opening in (True, False):
+        out = torch.empty((spec.tokens, spec.hidden), dtype=torch.bfloat16)
+        scratch = runtime_launch.new_scratch(spec, "cpu")
+        stats = EmuBackend(opening=opening).run(kernel, spec, {**inputs, "out": out}, scratch,
+                                                qk_scale=qk_scale, order=order)
+        runs[opening] = (out.view(torch.int16).numpy().tobytes(), scratch.numpy().tobytes(), counters(stats))
+    (out, scratch, stats), (plain_out, plain_scratch, plain_stats) = runs[True], runs[False]
+    assert out == plain_out and scratch == plain_scratch
+    for key in stats:
+        assert stats[key] == plain_stats[key], f"Stats.{key} differs"
+    assert stats["waves"] == 8 * stats["workgroups"]
