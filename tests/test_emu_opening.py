@@ -613,6 +613,7 @@ SCALAR_SEEDS = """
 \tv_and_b32_e32 v1, 15, v1
 \tv_cmp_lt_u32_e32 vcc, 5, v1
 \tv_cmp_gt_u32_e64 s[8:9], 90, v0
+\tv_mad_u32_u24 v2, v0, 3, v1
 \ts_mul_i32 s10, s2, 0x9e3779b1
 \ts_add_u32 s11, s10, 0x1234567
 \ts_bcnt1_i32_b64 s12, vcc
@@ -657,6 +658,7 @@ class ScalarOps:
             self.saveexec(f"s_{op}_saveexec_b64")
         for name in ("s_andn1_wrexec_b64", "s_andn2_wrexec_b64"):
             self.saveexec(name)
+        self.lanes()
         self.branches()
 
     def source(self, bits: int) -> str:
@@ -703,12 +705,33 @@ class ScalarOps:
             self.keep(d, scc=False)
 
     def saveexec(self, name: str) -> None:
-        """exec = op(source, exec) for a while: a VGPR move under it writes its lanes."""
-        d = self.destination(64)
-        self.lines += ["\ts_mov_b64 s[6:7], exec", f"\t{name} s[{d}:{d + 1}], {self.g.choice(POOL64[:6])}"]
+        """exec = op(source, exec) for a while: a VGPR move under it writes its
+        lanes, a compare's mask holds them only."""
+        d, m = self.destination(64), self.destination(64)
+        self.lines += ["\ts_mov_b64 s[6:7], exec", f"\t{name} s[{d}:{d + 1}], {self.g.choice(POOL64[:6])}",
+                       f"\tv_cmp_gt_u32_e64 s[{m}:{m + 1}], {self.g.choice(POOL32[:10])}, v2"]
         self.keep(d, scc=True)  # the lanes of the new exec only
         self.lines.append("\ts_mov_b64 exec, s[6:7]")
         self.keep(d + 1, scc=False)
+        self.keep(m, scc=False)
+        self.keep(m + 1, scc=False)
+
+    def lanes(self) -> None:
+        """VALU reading the waves' own SGPRs and masks; AGPRs; a compare's mask
+        of lanes that differ per wave, then counted by SALU."""
+        m, c = self.destination(64), self.destination(32)
+        v = 8 + self.width
+        self.lines += [f"\tv_cndmask_b32_e64 v{v}, s13, v2, s[8:9]",
+                       f"\tv_add_u32_e32 v{v + 1}, s12, v{v}",
+                       f"\tv_accvgpr_write_b32 a1, v{v + 1}",
+                       f"\tv_xor_b32_e32 v{v + 2}, s19, v0",
+                       f"\tv_cmp_gt_u32_e64 s[{m}:{m + 1}], v{v + 2}, v{v}",
+                       "\ts_nop 4",
+                       f"\tv_accvgpr_read_b32 v{v + 3}, a1",
+                       f"\tv_cndmask_b32_e64 v{v + 4}, v{v + 3}, s11, s[{m}:{m + 1}]",
+                       f"\ts_bcnt1_i32_b64 s{c}, s[{m}:{m + 1}]"]
+        self.width += 5
+        self.keep(c)
 
     def branches(self) -> None:
         """Forward branches on SCC, VCC and EXEC that waves take differently."""
@@ -736,8 +759,8 @@ class ScalarOps:
 
 
 def wide_handwritten(arch: str, body: str) -> str:
-    """testing.handwritten's kernel with every VGPR and SGPR the body names."""
-    return (handwritten(arch, body).replace(".amdhsa_next_free_vgpr 32", ".amdhsa_next_free_vgpr 256")
+    """testing.handwritten's kernel with every VGPR and SGPR the body names (and 8 AGPRs)."""
+    return (handwritten(arch, body).replace(".amdhsa_next_free_vgpr 32", ".amdhsa_next_free_vgpr 264")
             .replace(".amdhsa_accum_offset 32", ".amdhsa_accum_offset 256")
             .replace(".amdhsa_next_free_sgpr 16", ".amdhsa_next_free_sgpr 102"))
 
