@@ -39,7 +39,7 @@ PRIVATE_PREFIXES = ("v_", "s_cbranch", "s_branch", "s_nop", "s_endpgm")
 NOT_PRIVATE = ("s_load", "s_buffer", "s_memtime", "s_memrealtime", "s_dcache", "s_waitcnt", "s_barrier",
                "s_sleep", "s_getpc", "s_setpc", "s_swappc", "v_readfirstlane", "v_readlane",
                "v_writelane", "v_cmpx", "v_add_co", "v_sub_co", "v_addc", "v_subb", "v_mad_u64",
-               "v_mad_i64", "v_div_scale", "v_mfma", "v_accvgpr")
+               "v_mad_i64", "v_div_scale", "v_mfma")
 
 
 @dataclasses.dataclass
@@ -192,10 +192,12 @@ def idle_expected(name: str, groups: int) -> dict:
     wg = np.arange(groups, dtype=np.uint32)
     if name == "idle":
         return {"marks": np.ones(groups, np.int32)}
-    if name == "idle_wave":
-        at = (wg[:, None] * 64 + np.arange(64, dtype=np.uint32)).reshape(-1)
-        data = (at * np.uint32(2654435761)) ^ (((wg * 5) & 7)[:, None] * 64 + np.arange(64)).reshape(-1).astype(np.uint32)
-        return {"marks": ((wg * 5) & 7).astype(np.int32) + 1, "data": data.view(np.int32)}
+    lane = np.arange(64, dtype=np.uint32)
+    if name == "idle_wave":  # the wave picked, (5 * wg) & 7, writes the workgroup's row
+        pick = (wg * U32(5)) & U32(7)
+        at = wg[:, None] * U32(64) + lane
+        data = (at * U32(2654435761)) ^ (pick[:, None] * U32(64) + lane)
+        return {"marks": pick.astype(np.int32) + 1, "data": data.reshape(-1).view(np.int32)}
     wave = np.arange(8)
     marked = (wave[None, :] >= ((wg[:, None] * 3) & 7)) & (wave[None, :] % 2 == 0)
     return {"marks": np.where(marked, wave[None, :] + 1, 0).reshape(-1).astype(np.int32),
@@ -579,7 +581,7 @@ def test_a_random_private_prefix(arch, seed):
 def test_random_prefixes_cover_the_private_forms():
     """Over the seeds, LLVM's code for the prefixes holds what the opening runs:
     scalar branches, exec-masked if/else, compares to SGPR masks and SCC, selects
-    both ways, 64-bit SALU and VALU shifts, and whole-wave early ends."""
+    both ways, 64-bit SALU and VALU arithmetic."""
     seen = set()
     for seed, arch in itertools.product(range(16), ARCHS):
         _, asm = prefix_case(seed, arch)
