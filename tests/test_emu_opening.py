@@ -104,6 +104,11 @@ def random_order(groups: int, seed: int) -> list[int]:
     return order
 
 
+def test_the_opening_is_on_unless_turned_off():
+    assert Machine("gfx942").opening is True
+    assert Machine("gfx950", opening=False).opening is False
+
+
 # ---------------------------------------------------------------- (1) the idle persistent grid
 
 # The persistent grid's idle shape: every workgroup of 8 waves; a lane (tid 0) or
@@ -805,6 +810,48 @@ def test_every_salu_op_in_a_private_prefix(arch, part):
 def test_the_salu_prefixes_cover_the_table():
     covered = set().union(*SOP_PARTS)
     assert covered == set(salu.SOP)
+
+
+# Waves whose SGPRs are alike but SCC or exec are not (the last wave of 160
+# threads has 32 lanes): a scalar instruction run once for alike waves must see
+# both. out[thread * 4 + j] = (bcnt(exec) + wg, SCC select, SCC carry, exec's high half
+# as saveexec saved it, picked by the SCC saveexec set).
+SCC_AND_EXEC = """
+\ts_bcnt1_i32_b64 s20, exec
+\ts_add_u32 s20, s20, s2
+\tv_cmp_gt_u32_e32 vcc, 100, v0
+\ts_cmp_lg_u64 vcc, 0
+\ts_mov_b64 vcc, 0
+\ts_cselect_b32 s21, 7, 9
+\ts_addc_u32 s22, s2, 0x100
+\ts_and_saveexec_b64 s[24:25], -1
+\ts_cselect_b32 s23, s25, s24
+\ts_load_dwordx2 s[4:5], s[0:1], 0x0
+\ts_mul_i32 s3, s2, 0xa00
+\tv_lshlrev_b32_e32 v5, 4, v0
+\tv_add_u32_e32 v5, s3, v5
+\tv_mov_b32_e32 v6, s20
+\tv_mov_b32_e32 v7, s21
+\tv_mov_b32_e32 v8, s22
+\tv_mov_b32_e32 v9, s23
+\ts_waitcnt lgkmcnt(0)
+\tglobal_store_dwordx4 v5, v[6:9], s[4:5]
+\ts_waitcnt vmcnt(0)"""
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_scc_and_exec_are_scalar_state_too(arch):
+    asm = handwritten(arch, SCC_AND_EXEC)
+    assert private_prefix(asm, "hand") == 9
+    got = same_with_and_without(asm, arch, "hand", {"out": np.zeros(4 * 160 * 4, np.uint32)}, grid=(4,),
+                                block=(160,))
+    assert got.error is None, got.error
+    wg, wave = np.arange(4)[:, None], np.arange(160)[None, :] // 64
+    lanes = np.where(wave == 2, 32, 64)
+    scc = wave < 2  # vcc = v0 < 100: lanes in waves 0 and 1
+    exec_high = np.where(wave == 2, 0, 0xFFFFFFFF)
+    want = np.stack(np.broadcast_arrays(lanes + wg, np.where(scc, 7, 9), wg + 0x100 + scc, exec_high), axis=-1)
+    np.testing.assert_array_equal(got.outputs["out"].reshape(4, 160, 4), want.astype(np.uint32))
 
 
 # ---------------------------------------------------------------- (6) errors after a private prefix
