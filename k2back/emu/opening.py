@@ -66,9 +66,10 @@ def kinds(kernel, code, checked, classes, batchable, quiet, effects, accum_offse
 
 def _private_vector(ins, sgpr_writes: int, accum_offset: int) -> bool:
     """A VALU instruction whose writes the opening keeps exact: a compare (its masks
-    go through operands.vector_writer's write_mask, Rows.write_mask here), or one
-    whose destination is a vector register and that writes no SGPR."""
-    if ins.mnemonic.startswith("v_cmp"):
+    go through operands.vector_writer's write_mask, Rows.write_mask here), a
+    v_readfirstlane (Rows.write_rows), or one whose destination is a vector
+    register and that writes no SGPR."""
+    if ins.mnemonic.startswith(("v_cmp", "v_readfirstlane")):
         return True
     return not sgpr_writes and bool(ins.operands) and parse(ins.operands[0], accum_offset, ins).file == "v"
 
@@ -368,11 +369,16 @@ class Rows(Batch):
 
     def write_mask(self, write, bits: np.ndarray) -> None:
         """A compare's mask write: each row's `bits` (uint64 [rows], row order) ANDed
-        with its exec, stored by `write(wave, value)` (operands.scalar_writer) once
-        for each class and value; a class whose rows wrote different values splits
-        into one class per value (`parts`, in order; rows ascending)."""
+        with its exec (operands.vector_writer), stored as `write_rows` does."""
+        execs = np.array([c.wave.exec for c in self.parts], np.uint64)[self.positions]
+        self.write_rows(write, bits & execs)
+
+    def write_rows(self, write, values: np.ndarray) -> None:
+        """Each row's scalar `values` (uint64 [rows], row order) stored by
+        `write(wave, value)` (operands.scalar_writer) once for each class and
+        value; a class whose rows wrote different values splits into one class
+        per value (`parts`, in order; rows ascending)."""
         parts, positions = self.parts, self.positions
-        values = bits & np.array([c.wave.exec for c in parts], np.uint64)[positions]
         order = np.lexsort((values, positions))  # by class, then value; rows ascending within
         owner, value = positions[order], values[order]
         edge = np.ones(self.count, bool)

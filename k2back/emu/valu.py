@@ -356,6 +356,11 @@ def _readfirstlane(ins, ctx, base):
     read = vector_reader(src, np.dtype(U32), ins.where())
 
     def run(w):  # a wave, or each wave of a Batch its own first lane
+        by_row = getattr(w, "write_rows", None)
+        if by_row is not None:  # the rows of a launch's opening (opening.Rows): at once
+            first = w.mask.argmax(axis=-1) if not w.full else np.zeros(w.count, np.intp)  # (0: none on)
+            values = np.broadcast_to(read(w), (w.count, LANES))[np.arange(w.count), first]
+            return by_row(write, values.astype(np.uint64))
         waves = w.waves or (w,)
         first = [(v.exec & -v.exec).bit_length() - 1 if v.exec else 0 for v in waves]
         values = np.broadcast_to(read(w), (len(waves), LANES))[np.arange(len(waves)), first]
