@@ -24,8 +24,6 @@ the class splits by their values.
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 from .inflight import SGPR_BIT
@@ -123,40 +121,40 @@ class Opening:
         self.registers = registers
         self.varying = {i: np.repeat(np.array([start[3][i] for start in starts], np.uint64), per)
                         for i in varying}
-        live = self._first(starts[0][3], execs, len(starts))
-        kinds = self.kinds
-        while True:
-            going = [c for c in live if not c.stopped]
-            if not going:
-                break
-            pc = min(c.wave.pc for c in going)
-            here = [c for c in going if c.wave.pc == pc]
+        kinds, touches = self.kinds, self.touches
+        at, stopped = {0: self._first(starts[0][3], execs, len(starts))}, []  # classes by pc
+        while at:
+            pc = min(at)  # the lowest first: every class reaches its stop (pcs only grow here)
+            here = at.pop(pc)
             kind = kinds[pc]
             if kind is None:
-                for c in here:
-                    c.stopped = True
+                stopped += here
                 continue
-            if kind in ("scalar", "branch"):
-                named = [i for i in self.varying if self.touches[pc] >> (SGPR_BIT + i) & 1]
-                split = self._split(here, named)
-                live, here = _replace(live, here, split), split
+            if kind in ("scalar", "branch"):  # (a VALU reads the workgroup ids row by row)
+                here = self._split(here, [i for i in self.varying if touches[pc] >> (SGPR_BIT + i) & 1])
             count = sum(len(c.rows) for c in here)
             if kind == "end":
                 self.ended += count
-                live = [c for c in live if c.wave.pc != pc or c.stopped]
+                here = ()
             elif kind == "vector":
-                split = self._vector(here, pc)
-                if split is None:
+                moved = self._vector(here, pc)
+                if moved is None:
+                    stopped += here
                     continue
-                live = _replace(live, here, split)
+                here = moved
             elif kind == "scalar":
                 self._scalar(here, pc)
             else:
                 self._branch(here, pc)
             self.hits[pc] += count
             self.executed += count
+            for c in here:
+                if c.stopped:
+                    stopped.append(c)
+                else:
+                    at.setdefault(c.wave.pc, []).append(c)
         self.registers = None
-        return sorted(wave for c in live for wave in self._waves(c))
+        return sorted(wave for c in stopped for wave in self._waves(c))
 
     def _waves(self, c: Class) -> list[tuple]:
         """(row, `c`'s Wave, the row's own (SGPR slot, value) where `c` leaves them out)
@@ -191,29 +189,33 @@ class Opening:
     def _split(self, classes: list[Class], slots: list) -> list[Class]:
         """`classes` where those that leave out any of SGPR `slots` split by their
         rows' values there (each new class holding them)."""
-        if not slots:
-            return classes
-        out = []
+        alike = {}  # by the slots they leave out
         for c in classes:
-            s = c.wave.s
-            missing = [i for i in slots if s[i] is None]
-            if not missing:
-                out.append(c)
-                continue
-            values = np.stack([self.varying[i][c.rows] for i in missing])
-            order = np.lexsort(values[::-1])  # by their values; rows ascending within
-            keys = values[:, order]
-            edge = np.ones(len(order), bool)
-            edge[1:] = (keys[:, 1:] != keys[:, :-1]).any(axis=0)
-            starts = np.flatnonzero(edge)
-            bounds = np.append(starts, len(order)).tolist()
-            rows = c.rows[order]
-            for k, (lo, hi) in enumerate(itertools.pairwise(bounds)):
-                w = c.wave if k == len(starts) - 1 else _copy(c.wave)  # (the class's own wave last)
-                for i, value in zip(missing, keys[:, lo].tolist()):
-                    w.s[i] = value
-                out.append(Class(w, rows[lo:hi]))
-        return out if len(out) > len(classes) else classes
+            alike.setdefault(tuple(i for i in slots if c.wave.s[i] is None), []).append(c)
+        if len(alike) > 1 or () not in alike:
+            return [part for missing, them in alike.items() for part in self._split_by(them, missing)]
+        return classes
+
+    def _split_by(self, classes: list[Class], missing: tuple) -> list[Class]:
+        """`classes`, which all leave out SGPRs `missing`, split by their rows' values there."""
+        if not missing:
+            return classes
+        rows = np.concatenate([c.rows for c in classes])
+        owner = np.repeat(np.arange(len(classes)), [len(c.rows) for c in classes])
+        keys = np.stack([owner.astype(np.uint64)] + [self.varying[i][rows] for i in missing])
+        order = np.lexsort(keys[::-1])  # by class, then the values; rows ascending within
+        keys, rows = keys[:, order], rows[order]
+        edge = np.ones(len(order), bool)
+        edge[1:] = (keys[:, 1:] != keys[:, :-1]).any(axis=0)
+        starts = np.flatnonzero(edge).tolist()
+        out, values = [], keys[1:, starts].T.tolist()
+        for k, lo, hi, own in zip(keys[0, starts].tolist(), starts, starts[1:] + [len(order)], values):
+            w = classes[k].wave
+            w = _copy(w) if hi < len(order) and keys[0, hi] == k else w  # (the class's own wave last)
+            for i, value in zip(missing, own):
+                w.s[i] = value
+            out.append(Class(w, rows[lo:hi]))
+        return out
 
     def _scalar(self, here: list[Class], pc: int) -> None:
         run = self.code[pc]
@@ -262,22 +264,6 @@ class Opening:
         self.batched += rows.count
         self.batches += 1
         return rows.parts
-
-
-def _replace(live: list[Class], old: list[Class], new: list[Class]) -> list[Class]:
-    """`live` with the classes `old` replaced by `new` (in place of the first)."""
-    if new is old:
-        return live
-    gone = set(map(id, old))
-    out, placed = [], False
-    for c in live:
-        if id(c) in gone:
-            if not placed:
-                out += new
-                placed = True
-        else:
-            out.append(c)
-    return out
 
 
 class _NotPrivate(Exception):
