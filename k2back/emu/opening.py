@@ -30,6 +30,11 @@ from .inflight import SGPR_BIT
 from .operands import parse
 from .state import LANES, Batch, Wave, all_lanes
 
+# Waves a class at least, on average, for the opening to run an instruction: below,
+# its waves run their scalar instructions one by one anyway, and the scheduler's
+# cohort forms do that cheaper than classes (the opening stops them there).
+SHARED = 4
+
 
 class _Group:
     """The workgroup of the waves standing for classes: what Wave.set_exec and the
@@ -133,6 +138,9 @@ class Opening:
             if kind in ("scalar", "branch"):  # (a VALU reads the workgroup ids row by row)
                 here = self._split(here, [i for i in self.varying if touches[pc] >> (SGPR_BIT + i) & 1])
             count = sum(len(c.rows) for c in here)
+            if kind != "end" and len(here) * SHARED > count:  # few waves a class: the scheduler's turn
+                stopped += here
+                continue
             if kind == "end":
                 self.ended += count
                 here = ()
