@@ -135,9 +135,10 @@ class Opening:
             if kind is None:
                 stopped += here
                 continue
-            if kind in ("scalar", "branch"):  # (a VALU reads the workgroup ids row by row)
-                here = self._split(here, [i for i in self.varying if touches[pc] >> (SGPR_BIT + i) & 1])
             count = sum(len(c.rows) for c in here)
+            if kind in ("scalar", "branch"):  # (a VALU reads the workgroup ids row by row)
+                named = [i for i in self.varying if touches[pc] >> (SGPR_BIT + i) & 1]
+                here = self._split(here, named, count // SHARED) or here
             if kind != "end" and len(here) * SHARED > count:  # few waves a class: the scheduler's turn
                 stopped += here
                 continue
@@ -194,20 +195,28 @@ class Opening:
             classes.append(Class(w, rows[:, indices].ravel()))
         return classes
 
-    def _split(self, classes: list[Class], slots: list) -> list[Class]:
+    def _split(self, classes: list[Class], slots: list, limit: int) -> list[Class] | None:
         """`classes` where those that leave out any of SGPR `slots` split by their
-        rows' values there (each new class holding them)."""
+        rows' values there (each new class holding them); None (nothing split) if
+        that would make more than `limit` classes."""
+        if not slots:
+            return classes
         alike = {}  # by the slots they leave out
         for c in classes:
             alike.setdefault(tuple(i for i in slots if c.wave.s[i] is None), []).append(c)
-        if len(alike) > 1 or () not in alike:
-            return [part for missing, them in alike.items() for part in self._split_by(them, missing)]
-        return classes
-
-    def _split_by(self, classes: list[Class], missing: tuple) -> list[Class]:
-        """`classes`, which all leave out SGPRs `missing`, split by their rows' values there."""
-        if not missing:
+        if () in alike and len(alike) == 1:
             return classes
+        out = []
+        for missing, them in alike.items():
+            part = self._split_by(them, missing, limit - len(out)) if missing else them
+            if part is None:
+                return None
+            out += part
+        return out if len(out) <= limit else None
+
+    def _split_by(self, classes: list[Class], missing: tuple, limit: int) -> list[Class] | None:
+        """`classes`, which all leave out SGPRs `missing`, split by their rows' values
+        there; None if that would make more than `limit` classes."""
         rows = np.concatenate([c.rows for c in classes])
         owner = np.repeat(np.arange(len(classes)), [len(c.rows) for c in classes])
         keys = np.stack([owner.astype(np.uint64)] + [self.varying[i][rows] for i in missing])
@@ -216,6 +225,8 @@ class Opening:
         edge = np.ones(len(order), bool)
         edge[1:] = (keys[:, 1:] != keys[:, :-1]).any(axis=0)
         starts = np.flatnonzero(edge).tolist()
+        if len(starts) > limit:
+            return None
         out, values = [], keys[1:, starts].T.tolist()
         for k, lo, hi, own in zip(keys[0, starts].tolist(), starts, starts[1:] + [len(order)], values):
             w = classes[k].wave
