@@ -138,8 +138,12 @@ class Opening:
             count = sum(len(c.rows) for c in here)
             if kind in ("scalar", "branch"):  # (a VALU reads the workgroup ids row by row)
                 named = [i for i in self.varying if touches[pc] >> (SGPR_BIT + i) & 1]
-                here = self._split(here, named, count // SHARED) or here
-            if kind != "end" and len(here) * SHARED > count:  # few waves a class: the scheduler's turn
+                split = self._split(here, named, count // SHARED)
+                if split is None:  # few waves a class: the scheduler's turn (its cohort forms are cheaper)
+                    stopped += here
+                    continue
+                here = split
+            if kind != "end" and len(here) * SHARED > count:  # (as above)
                 stopped += here
                 continue
             if kind == "end":
