@@ -119,9 +119,10 @@ class Opening:
         each of a workgroup), on the launch's vector `registers` [registers, waves,
         64] (register-major: a register of every wave is one block), a row each
         wave in that order; `varying`: the SGPR slots whose initial
-        values differ between workgroups. Returns the waves that go on, (row, a
-        Wave standing for it: its pc, scalar file, SCC and exec; the row's own
-        (slot, value) of the SGPRs that Wave leaves out) each, rows ascending."""
+        values differ between workgroups. Returns the waves that go on: their
+        rows (ascending), a Wave standing for each (its pc, scalar file, SCC and
+        exec), and each row's own values of the SGPRs such a Wave leaves out
+        ({slot: [value a row]})."""
         per = len(execs)
         self.registers = registers
         self.varying = {i: np.repeat(np.array([start[3][i] for start in starts], np.uint64), per)
@@ -167,17 +168,15 @@ class Opening:
                 else:
                     at.setdefault(c.wave.pc, []).append(c)
         self.registers = None
-        return sorted(wave for c in stopped for wave in self._waves(c))
-
-    def _waves(self, c: Class) -> list[tuple]:
-        """(row, `c`'s Wave, the row's own (SGPR slot, value) where `c` leaves them out)
-        of each wave of class `c`."""
-        rows = c.rows.tolist()
-        missing = [i for i in self.varying if c.wave.s[i] is None]
-        if not missing:
-            return [(row, c.wave, ()) for row in rows]
-        values = zip(*[self.varying[i][c.rows].tolist() for i in missing])
-        return [(row, c.wave, tuple(zip(missing, own))) for row, own in zip(rows, values)]
+        if not stopped:
+            return np.zeros(0, np.intp), [], {}
+        rows = np.concatenate([c.rows for c in stopped])
+        owner = np.repeat(np.arange(len(stopped)), [len(c.rows) for c in stopped])
+        order = np.argsort(rows, kind="stable")
+        rows = rows[order]
+        return rows, [stopped[k].wave for k in owner[order].tolist()], {
+            i: values[rows].tolist() for i, values in self.varying.items()
+            if any(c.wave.s[i] is None for c in stopped)}
 
     def _first(self, sgprs: list, execs: list, workgroups: int) -> list[Class]:
         """The launch's classes at its start: its waves with one exec state (a wave

@@ -176,24 +176,25 @@ class Grid:
         self.waves = waves
         return groups
 
-    def resume(self, workgroups: list[tuple], per: int, waves: list[tuple]) -> list[Workgroup]:
+    def resume(self, workgroups: list[tuple], per: int, rows: list[int], likes: list[Wave],
+               own: dict) -> list[Workgroup]:
         """Start `workgroups` (as `start`, of `per` waves each at the launch's start)
-        with the waves a launch's opening left them (opening.py): `waves`, (the
-        wave's row in the launch, rows ascending; the wave standing for its class,
-        whose pc, scalar file, SCC and exec it takes; (SGPR slot, value) of its own
-        where that wave's file leaves them out) each, in this Grid's slots in turn
-        (its registers are those rows' registers)."""
+        with the waves a launch's opening left them (opening.py): those in `rows` of
+        the launch (ascending), in this Grid's slots in turn (its registers are
+        theirs), each with the pc, scalar file, SCC and exec of its Wave in
+        `likes`, and, where that file leaves an SGPR out (None), the row's own
+        value of it (`own`: {slot: [value a row]})."""
         groups = self._groups(workgroups)
         for g in groups:
             g.waves = []
-        registers = self.registers
-        rows = zip(registers, registers.view(np.float32), registers.view(np.int32))
-        fresh = spare(len(waves))
-        for slot, (row, like, own), w, (r, f, i) in zip(itertools.count(), waves, fresh, rows):
+        registers = zip(self.registers, self.registers.view(np.float32), self.registers.view(np.int32))
+        fresh = spare(len(rows))
+        for slot, row, like, w, (r, f, i) in zip(itertools.count(), rows, likes, fresh, registers):
             g = groups[row // per]
             w.s[:] = like.s
-            for k, value in own:
-                w.s[k] = value
+            for k, values in own.items():
+                if w.s[k] is None:
+                    w.s[k] = values[slot]
             w.r, w.f, w.i = r, f, i
             w.group = g
             w.index = row % per
