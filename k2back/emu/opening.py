@@ -200,8 +200,8 @@ class Opening:
 
     def _split(self, classes: list[Class], slots: list, limit: int) -> list[Class] | None:
         """`classes` where those that leave out any of SGPR `slots` split by their
-        rows' values there (each new class holding them); None (nothing split) if
-        that would make more than `limit` classes."""
+        rows' values there (each new class holding them); None, nothing changed,
+        if that would make more than `limit` classes."""
         if not slots:
             return classes
         alike = {}  # by the slots they leave out
@@ -209,31 +209,31 @@ class Opening:
             alike.setdefault(tuple(i for i in slots if c.wave.s[i] is None), []).append(c)
         if () in alike and len(alike) == 1:
             return classes
-        out = []
-        for missing, them in alike.items():
-            part = self._split_by(them, missing, limit - len(out)) if missing else them
-            if part is None:
-                return None
-            out += part
-        return out if len(out) <= limit else None
+        plans = [(missing, them, self._groups(them, missing) if missing else None) for missing, them in alike.items()]
+        if sum(len(them) if plan is None else len(plan[2]) for _, them, plan in plans) > limit:
+            return None
+        return [part for missing, them, plan in plans
+                for part in (them if plan is None else self._split_by(them, missing, *plan))]
 
-    def _split_by(self, classes: list[Class], missing: tuple, limit: int) -> list[Class] | None:
-        """`classes`, which all leave out SGPRs `missing`, split by their rows' values
-        there; None if that would make more than `limit` classes."""
+    def _groups(self, classes: list[Class], missing: tuple) -> tuple:
+        """The rows of `classes` by class, then by their values of SGPRs `missing`:
+        (the keys [1 + len(missing), rows], the rows, where each group starts)."""
         rows = np.concatenate([c.rows for c in classes])
         owner = np.repeat(np.arange(len(classes)), [len(c.rows) for c in classes])
         keys = np.stack([owner.astype(np.uint64)] + [self.varying[i][rows] for i in missing])
-        order = np.lexsort(keys[::-1])  # by class, then the values; rows ascending within
+        order = np.lexsort(keys[::-1])  # rows ascending within a group
         keys, rows = keys[:, order], rows[order]
         edge = np.ones(len(order), bool)
         edge[1:] = (keys[:, 1:] != keys[:, :-1]).any(axis=0)
-        starts = np.flatnonzero(edge).tolist()
-        if len(starts) > limit:
-            return None
+        return keys, rows, np.flatnonzero(edge).tolist()
+
+    @staticmethod
+    def _split_by(classes: list[Class], missing: tuple, keys, rows, starts: list) -> list[Class]:
+        """`classes` split by their rows' values of SGPRs `missing` (`_groups`)."""
         out, values = [], keys[1:, starts].T.tolist()
-        for k, lo, hi, own in zip(keys[0, starts].tolist(), starts, starts[1:] + [len(order)], values):
+        for k, lo, hi, own in zip(keys[0, starts].tolist(), starts, starts[1:] + [len(rows)], values):
             w = classes[k].wave
-            w = _copy(w) if hi < len(order) and keys[0, hi] == k else w  # (the class's own wave last)
+            w = _copy(w) if hi < len(rows) and keys[0, hi] == k else w  # (the class's own wave last)
             for i, value in zip(missing, own):
                 w.s[i] = value
             out.append(Class(w, rows[lo:hi]))
