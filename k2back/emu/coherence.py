@@ -596,6 +596,12 @@ class IdealMemory:
     def load_scalar(self, w, region, start: int, count: int, cached: bool) -> np.ndarray:
         return region.data[start:start + count].copy()
 
+    def repeat_scalar(self, cu, region, cached: bool) -> bool:
+        """A wave of `cu` loads the bytes of `region` the last load_scalar returned
+        (nothing changed since): True when the same bytes are what it loads and
+        this did all else that load_scalar would, False when the caller must call it."""
+        return True
+
     def store(self, cu, flat, values, span=None) -> bool:
         self.memory.poke(flat, values)
         return False
@@ -705,6 +711,16 @@ class StrictMemory(IdealMemory):
             cu.scalar.hold(np.unique(flat >> LINE_BITS))
         return values
 
+    def repeat_scalar(self, cu, region, cached: bool) -> bool:
+        """IdealMemory.repeat_scalar: so it is in a buffer no store touched (memory's
+        bytes, the scalar cache holds the whole buffer: load_scalar)."""
+        if region.touched:
+            return False
+        self.changes += 1
+        if cached:
+            cu.scalar.hold_region(region.base)
+        return True
+
     def _view(self, l2: L2, flat, values, count: bool = False) -> None:
         """`values` (memory's bytes at `flat`) as `l2` shows them: stale copies, then
         its dirty bytes."""
@@ -723,12 +739,14 @@ class StrictMemory(IdealMemory):
         l2 = cu.l2
         low, high = (int(flat.min()), int(flat.max())) if span is None else span
         first, last = low >> LINE_BITS, high >> LINE_BITS
-        polled = self.polled_between(first, last)
-        if polled or l2.holders or self._read_by_others(l2, first, last, cu.l1):
+        polled = bool(self.polled) and self.polled_between(first, last)
+        if polled or l2.holders or l2.region_readers and self._read_by_others(l2, first, last, cu.l1):
             lines = distinct(flat >> LINE_BITS)
             self._save_lines(l2, lines, keep=cu.l1)
         l2.dirty.put(flat, values, span=(low, high))
-        cu.l1.copies.drop(flat)
+        copies = cu.l1.copies
+        if copies:
+            copies.drop(flat)
         return polled and self._reach_pollers(lines)
 
     def polled_between(self, first: int, last: int) -> bool:
@@ -936,9 +954,16 @@ class StrictMemory(IdealMemory):
         caches that hold its lines: they referred to each other (L2.holders,
         region_readers <-> PrivateCache.l2), cycles the collector would free only
         after walking every object of the process, torch's too (~1,900 objects
-        of an idle grid, a full collection ~0.2 s now and then)."""
+        of an idle grid, a full collection ~0.2 s now and then). Nothing reads
+        after it: memory takes each L2's dirty bytes, L2 by L2 as _write_back
+        would, without the other L2s keeping its old bytes as stale copies
+        (_memory_changes), which no load would see."""
         self.changes += 1
         for l2 in self.l2s:
-            self._write_back(l2, l2.dirty.take())
+            taken = l2.dirty.take()
+            self.changes += 1
+            if taken is not None:
+                self.memory.poke(*taken)
+                self.written_back += taken[0].size
             l2.holders.clear()
             l2.region_readers.clear()

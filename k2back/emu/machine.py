@@ -627,7 +627,7 @@ class Machine:
                 over = getattr(run, "over", None)  # s_endpgm: the cohort's waves end at once
                 if over is not None:
                     stopped = dict.fromkeys(at, "end")  # (in wave order)
-                    going = over(at, pc + 1)  # those left to end wave by wave
+                    going = over(at, pc + 1, performed)  # those left to end wave by wave
                 for who in going:
                     who.pc = pc + 1
                     unperformed = who.unperformed
@@ -935,6 +935,8 @@ def decode_control(ins, ctx):
                 return "retry"
             if lgkm is not None and (w.lds or w.smem):
                 inflight.retire_lgkm(w, lgkm, progress)
+        if vm is None and lgkm is not None:  # lgkmcnt only: no signal, no global store performed
+            wait.cohort = lambda waves: inflight.retire_lgkm_over(waves, lgkm, progress)
         return wait
     if name in ("s_nop", "s_setprio", "s_icache_inv"):
         return lambda w: None
@@ -950,7 +952,7 @@ def decode_control(ins, ctx):
     if name == "s_barrier":
         return lambda w: _arrive(w, ctx)
     if name == "s_endpgm":
-        machine = ctx.machine
+        machine, mem = ctx.machine, ctx.mem
 
         def end(w):
             if w.vm and inflight.retire_vm(w, 0, ctx.mem, ctx.progress):
@@ -967,21 +969,34 @@ def decode_control(ins, ctx):
                 _release_if_complete(group, ctx)
             return "end"
 
-        def end_all(waves, after: int) -> list:
+        def end_all(waves, after: int, performed: set) -> list:
             """s_endpgm of a cohort's `waves` at once (their pc set to `after`), as `end`
-            wave by wave, for those that have no memory instruction outstanding and
-            sleep on no line, of workgroups not waiting at a barrier; returns the
-            others, untouched, to end wave by wave (what their ends do, retire their
-            counters, perform their stores, does not read whether another wave ended)."""
+            wave by wave, for those that have no LDS or SMEM operation outstanding
+            and sleep on no line, of workgroups not waiting at a barrier, and whose
+            vector memory instructions retire at once (inflight.retire_all_unwatched:
+            stores performed in program order, none reaching a line a wave sleeps
+            on) while every wave before them did so too, in wave order; adds the
+            workgroups of the waves that performed stores to `performed`. Returns
+            the others, untouched, to end wave by wave (what their ends do, retire
+            their counters, perform their stores, does not read whether another
+            wave ended; a wave after one of them that performs stores is among
+            them, so that the waves' stores perform in wave order)."""
             rest = []
             for w in waves:
                 group = w.group
-                if w.vm or w.lds or w.smem or w.polled_lines or group.arrived:
+                if w.lds or w.smem or w.polled_lines or group.arrived:
                     rest.append(w)
-                else:
-                    w.pc = after
-                    w.done = True
-                    group.live -= 1
+                    continue
+                if w.vm:
+                    unperformed = w.unperformed
+                    if unperformed and rest or not inflight.retire_all_unwatched(w, mem):
+                        rest.append(w)
+                        continue
+                    if unperformed:
+                        performed.add(group)
+                w.pc = after
+                w.done = True
+                group.live -= 1
             if len(rest) < len(waves):
                 machine._progress = True
             return rest

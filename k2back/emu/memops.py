@@ -545,23 +545,33 @@ def decode_smem(ins, ctx):
         one CU load from one address (the waves of a workgroup, their kernargs):
         the first loads through the CU's scalar cache, those after it take its
         words and count what it counted (what they would load: nothing comes
-        between, no store, no other load)."""
-        mem, seen, words, stale = ctx.mem, None, None, 0
+        between, no store, no other load); a wave of another CU loading the
+        address the wave before it loaded takes its words too where memory's
+        bytes are what it loads (coherence: repeat_scalar, a buffer no store
+        touched: the waves of a grid, their kernargs)."""
+        mem, cu, address, words, stale = ctx.mem, None, None, None, 0
         size = 4 * count
         for w in waves:
             s = w.s
-            address = ((s[b] | (s[b + 1] << 32)) + (s[k] if k is not None else constant) + extra) & ~3
-            if seen is None or seen[0] is not w.group.cu or seen[1] != address:
+            at = ((s[b] | (s[b + 1] << 32)) + (s[k] if k is not None else constant) + extra) & ~3
+            if at != address:
+                address, cu = at, w.group.cu
                 before = mem.stale_bytes
-                region = memory.region_of(address, size, who(w, ins))
-                words = unpack(mem.load_scalar(w, region, address - region.base, size, cached))
-                seen, stale = (w.group.cu, address), mem.stale_bytes - before
-            else:
+                region = memory.region_of(at, size, who(w, ins))
+                words = unpack(mem.load_scalar(w, region, at - region.base, size, cached))
+                stale = mem.stale_bytes - before
+            elif w.group.cu is cu:
                 mem.stale_bytes += stale
-            counter[0] += 1
+            else:
+                cu, stale = w.group.cu, 0
+                if not mem.repeat_scalar(cu, region, cached):
+                    before = mem.stale_bytes
+                    words = unpack(mem.load_scalar(w, region, at - region.base, size, cached))
+                    stale = mem.stale_bytes - before
             region.read += size
             s[first:first + count] = words
-            inflight.issue_smem(w, ins, dst_bits)
+        counter[0] += len(waves)
+        inflight.issue_smem_over(waves, ins, dst_bits)
 
     # (timing mode charges each wave its own access; an exec offset reads no SGPR)
     if op == "s" and (k is not None or constant is not None) and not ctx.machine.timing:
