@@ -17,7 +17,6 @@ import pytest
 from k2back.emu import inflight
 from k2back.emu import machine as machine_module
 from k2back.emu.asm import parse_instruction
-from k2back.emu.coherence import LINE_BITS, StrictMemory
 from k2back.emu.memops import decode_smem
 from k2back.emu.state import Wave
 from k2back.emu.testing import ARCHS, handwritten
@@ -145,7 +144,7 @@ def test_an_smem_load_over_a_cohort_is_the_load_of_each_wave(text, memory):
 def test_a_later_smem_load_leaves_the_load_it_shares_with_other_waves():
     """A cohort's waves share one Load (inflight.issue_smem_over); a wave's later load
     of some of its registers takes them over in its own queue only."""
-    world, ws, load = _smem_world(1, SMEM_LOADS[1])
+    _, ws, load = _smem_world(1, SMEM_LOADS[1])
     for w in ws:
         w.pending = 0
         w.smem.clear()
