@@ -497,17 +497,23 @@ class Overlay:
         return distinct(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
 
+NO_COPIES = Overlay()  # PrivateCache.copies while it holds no copy (never written to)
+
+
 class PrivateCache:
     """A CU's vector L1 or scalar cache. It holds the lines read through it since its
     last invalidation (`held`, line by line; `regions`, whole buffers read before
     any store touched them), each as the L2 showed it then: once the L2's view of a
-    held line changes, `copies` keeps the line's old bytes (`saved`)."""
+    held line changes, `copies` keeps the line's old bytes (`saved`): until the
+    first, NO_COPIES, an empty Overlay that every such cache shares (a grid makes
+    two caches a workgroup, most of which never save a line; only _save_lines
+    puts bytes in `copies`, and gives the cache its own first)."""
 
     __slots__ = ("copies", "held", "l2", "regions", "saved")
 
     def __init__(self, l2):
         self.l2 = l2
-        self.copies = Overlay()
+        self.copies = NO_COPIES
         self.held = set()
         self.regions = set()
         self.saved = set()
@@ -540,7 +546,7 @@ class PrivateCache:
                         del index[key]
             keys.clear()
         self.saved.clear()
-        self.copies = Overlay()
+        self.copies = NO_COPIES
 
 
 class L2:
@@ -743,9 +749,12 @@ class StrictMemory(IdealMemory):
         if polled or l2.holders or l2.region_readers and self._read_by_others(l2, first, last, cu.l1):
             lines = distinct(flat >> LINE_BITS)
             self._save_lines(l2, lines, keep=cu.l1)
-        l2.dirty.put(flat, values, span=(low, high))
+        dirty = l2.dirty  # dirty.put(flat, values, span=(low, high)), inline
+        if dirty.later:
+            dirty._settle_drops()
+        dirty.queued.append((flat, values, first, last))
         copies = cu.l1.copies
-        if copies:
+        if copies is not NO_COPIES and copies:
             copies.drop(flat)
         return polled and self._reach_pollers(lines)
 
@@ -767,7 +776,8 @@ class StrictMemory(IdealMemory):
         region = self.memory.region_at(first << LINE_BITS)
         if region is None or last << LINE_BITS >= region.end:
             return True
-        return any(cache is not keep for cache in l2.region_readers.get(region.base, ()))
+        readers = l2.region_readers.get(region.base)
+        return bool(readers) and any(cache is not keep for cache in readers)
 
     def atomic(self, w, addresses, dtype, update, sources, who):
         """Performed at memory, after the XCD's own dirty copy of the bytes; the L1
@@ -837,6 +847,8 @@ class StrictMemory(IdealMemory):
             view = self.memory.peek(where)
             self._view(l2, where, view)
             for cache in caches:
+                if cache.copies is NO_COPIES:
+                    cache.copies = Overlay()
                 cache.copies.put(where, view, missing_only=True)
                 cache.saved.add(line)
 

@@ -111,7 +111,7 @@ def issue_store(w, ins, mem, flat: np.ndarray, values: np.ndarray, span=None) ->
     atomic piece, its phases perform one by one (coherence.store_phases), a sleeper
     woken by one sees it before the next (_phases: computed when it performs, and
     only if a wave sleeps on its lines)."""
-    op = Op(ins, STORE, done=not mem.strict)
+    op = Op(ins, STORE, 0, not mem.strict)
     op.flat, op.values = flat, values
     if mem.strict:
         op.span = (int(flat.min()), int(flat.max())) if span is None else span
