@@ -154,15 +154,26 @@ def test_a_later_smem_load_leaves_the_load_it_shares_with_other_waves():
     assert all([op.dst for op in w.smem] == [0xF << (inflight.SGPR_BIT + 8)] for w in ws[1:])
 
 
-def _lgkm_waves(seed: int):
-    """Waves with random LDS and SMEM queues (LDS stores not performed yet, which
-    record the order they perform in), some empty."""
+def _waiting_waves(seed: int, world: World, storing: bool):
+    """Waves with random vector memory (loads; with `storing`, a store or write-back
+    in some), LDS (LDS stores not performed yet, which record the order they
+    perform in) and SMEM queues, some empty."""
     g = random.Random(seed)
     log, ws = [], []
     for k in range(30):
         w = Wave()
+        w.group = world.groups[k % len(world.groups)]
         w.pending = w.lds_unperformed = w.unperformed = w.pc = 0
         w.done = False
+        for n in range(g.choice((0, 0, 1, 2, 5))):
+            if storing and g.random() < 0.1:
+                flat = np.arange(world.busy + 8 * k, world.busy + 8 * k + 4, dtype=np.int64)
+                world.mem.touch(np.array([flat[0]], np.uint64), 4, lambda: "test")
+                inflight.issue_store(w, f"store {k}.{n}", world.mem, flat, np.full(4, k, np.uint8))
+            elif storing and g.random() < 0.05:
+                inflight.issue_writeback(w, f"buffer_wbl2 {k}.{n}", world.mem, True)
+            else:
+                inflight.issue_vm(w, f"load {k}.{n}", g.getrandbits(6) << 6 * n)
         for n in range(g.choice((0, 0, 1, 2, 4))):
             if g.random() < 0.4:
                 op = inflight.Op(f"ds_write {k}.{n}", inflight.LDS_STORE, done=False)
@@ -177,31 +188,38 @@ def _lgkm_waves(seed: int):
     return ws, log
 
 
-@pytest.mark.parametrize("keep", [0, 1, 2, 3])
-def test_an_lgkmcnt_wait_over_a_cohort_is_the_wait_of_each_wave(keep):
-    text = f"s_waitcnt lgkmcnt({keep})"
+WAITS = ["s_waitcnt lgkmcnt(0)", "s_waitcnt lgkmcnt(1)", "s_waitcnt lgkmcnt(3)", "s_waitcnt vmcnt(0)",
+         "s_waitcnt vmcnt(2)", "s_waitcnt vmcnt(1) lgkmcnt(0)", "s_waitcnt vmcnt(0) lgkmcnt(2)", "s_waitcnt 0",
+         "s_waitcnt expcnt(0)"]
+
+
+@pytest.mark.parametrize("text", WAITS)
+@pytest.mark.parametrize("storing", [False, True])
+def test_a_wait_over_a_cohort_is_the_wait_of_each_wave(text, storing):
+    """Where a wave has a store or write-back to perform the cohort form declines
+    (True), having changed nothing, and the waves wait one by one (Machine._run_cohort)."""
+    declined = 0
     for seed in range(8):
         sides = []
         for cohort in (True, False):
             world = World(seed)
             wait = machine_module.decode_control(parse_instruction(text, 1), world.ctx)
-            ws, log = _lgkm_waves(seed)
+            ws, log = _waiting_waves(seed, world, storing)
             world.machine._progress = False
-            if cohort:
-                wait.cohort(ws)
-            else:
-                for w in ws:
-                    assert wait(w) is None
-            sides.append((queues(ws), log, world.machine._progress))
-        assert sides[0] == sides[1]
-        assert sides[0][1] or keep == 3  # LDS stores performed
-
-
-def test_waits_on_vmcnt_have_no_cohort_form():
-    """They may perform stores and stop a wave: wave by wave only."""
-    world = World(0)
-    for text in ("s_waitcnt vmcnt(0)", "s_waitcnt vmcnt(0) lgkmcnt(0)", "s_waitcnt 0"):
-        assert not hasattr(machine_module.decode_control(parse_instruction(text, 1), world.ctx), "cohort")
+            signals = []
+            if cohort and getattr(wait, "cohort", None) is not None:
+                before = (queues(ws), list(log))
+                if wait.cohort(ws):
+                    assert (queues(ws), log, world.machine._progress) == (*before, False)
+                    declined += 1
+                    cohort = False
+            if not cohort:
+                signals = [wait(w) for w in ws]
+            sides.append((queues(ws), log, world.machine._progress, signals, world.probes()))
+        assert sides[0][:3] == sides[1][:3] and sides[0][4:] == sides[1][4:]
+        assert set(sides[1][3]) == {None}
+    assert declined or not storing or "vmcnt" not in text and text != "s_waitcnt 0"
+    assert hasattr(wait, "cohort") == (text != "s_waitcnt expcnt(0)")
 
 
 def _ending_world(seed: int):

@@ -368,6 +368,24 @@ def retire_lgkm(w, keep: int, progress) -> None:
         w.smem.clear()
 
 
+def retire_loads_over(waves, keep: int) -> bool:
+    """retire_vm(w, keep, ...) of each of `waves` where none has a store or write-back
+    among those it retires (then each retires loads only: nothing performs, none
+    stops); returns True, having done nothing, where one has."""
+    for w in waves:
+        if w.unperformed and len(w.vm) > keep:
+            return True
+    for w in waves:
+        queue = w.vm
+        count = len(queue) - keep
+        if count > 0:
+            pending, take = w.pending, queue.popleft
+            for _ in range(count):
+                pending &= ~take().dst
+            w.pending = pending
+    return False
+
+
 def retire_lgkm_over(waves, keep: int, progress) -> None:
     """retire_lgkm of each of `waves` that has an LDS or SMEM operation outstanding,
     in order (`s_waitcnt lgkmcnt(keep)` of a cohort: it neither stops a wave nor

@@ -544,10 +544,12 @@ class Machine:
         performed stores).
         A batched step leaves the waves' `pc` behind (no batchable closure reads
         it) until an unbatched step or the end of the cohort. So does a closure's
-        `cohort` form (SALU, saveexec, SMEM loads: fn(waves), no signal, no store,
-        no read of the pc; a branch: fn(waves, pc after it) -> the pc they all
-        go to, or None when they part), which runs the instruction for all the
-        waves at once, as each would alone, in order (salu.py, memops.py)."""
+        `cohort` form (SALU, saveexec, SMEM loads, s_waitcnt: fn(waves), no signal,
+        no global store, no read of the pc; an s_waitcnt's returns True, having
+        done nothing, where a wave would perform stores: then wave by wave; a
+        branch: fn(waves, pc after it) -> the pc they all go to, or None when they
+        part), which runs the instruction for all the waves at once, as each
+        would alone, in order (salu.py, memops.py, decode_control)."""
         batchable, stops, jumps, quiet, spans = steps
         touches, effects = scoreboard.touches, scoreboard.effects
         count = len(at)
@@ -615,8 +617,8 @@ class Machine:
                         break
                     continue
                 over = getattr(run, "cohort", None)
-                if over is not None:  # once for the cohort's waves (an SMEM load: no signal, no store)
-                    over(at)
+                if over is not None and not over(at):  # once for the cohort's waves (an SMEM load, an
+                    # s_waitcnt: no signal, no global store; True: it did nothing, wave by wave below)
                     hits[pc] += count
                     pending = _pending(at)
                     pc += 1
@@ -935,8 +937,17 @@ def decode_control(ins, ctx):
                 return "retry"
             if lgkm is not None and (w.lds or w.smem):
                 inflight.retire_lgkm(w, lgkm, progress)
-        if vm is None and lgkm is not None:  # lgkmcnt only: no signal, no global store performed
-            wait.cohort = lambda waves: inflight.retire_lgkm_over(waves, lgkm, progress)
+        def wait_over(waves):
+            """`wait` of each of a cohort's waves, where none performs a store (an
+            LDS store performs, no wave stops); True, having done nothing, where
+            one would (inflight.retire_loads_over)."""
+            if vm is not None and inflight.retire_loads_over(waves, vm):
+                return True
+            if lgkm is not None:
+                inflight.retire_lgkm_over(waves, lgkm, progress)
+            return None
+        if vm is not None or lgkm is not None:
+            wait.cohort = wait_over
         return wait
     if name in ("s_nop", "s_setprio", "s_icache_inv"):
         return lambda w: None
