@@ -316,9 +316,10 @@ def test_a_store_in_pieces_that_reaches_a_sleeper_ends_wave_by_wave():
 
 # ---------------------------------------------------------------- whole launches
 
-# Waves 0-3 of each workgroup store a word each and end; waves 4-7 poll the word
-# wave 0 of the next workgroup stores (after an s_waitcnt lgkmcnt of their
-# kernargs), sleeping between polls, then end with a store of what they saw.
+# Waves 0-3 of each workgroup store a word each, wait for it, sleep, store another
+# and end; waves 4-7 poll the word wave 0 of the next workgroup stores first
+# (after an s_waitcnt lgkmcnt of their kernargs), sleeping between polls, then
+# end with a store of their own.
 POLL_AND_END = """
 \ts_load_dwordx2 s[0:1], s[0:1], 0x0
 \tv_readfirstlane_b32 s4, v0
@@ -330,6 +331,10 @@ POLL_AND_END = """
 \ts_cbranch_scc1 .Lpoll
 \tv_mov_b32_e32 v1, 7
 \tglobal_store_dword v2, v1, s[0:1] sc1
+\ts_waitcnt vmcnt(0)
+\ts_sleep 3
+\tv_mov_b32_e32 v1, 9
+\tglobal_store_dword v2, v1, s[0:1] offset:1024 sc1
 \ts_endpgm
 .Lpoll:
 \tv_add_u32_e32 v3, 0x800, v2
@@ -343,7 +348,7 @@ POLL_AND_END = """
 \ts_sleep 1
 \ts_branch .Lwait
 .Lseen:
-\tv_add_u32_e32 v4, 0x1000, v2
+\tv_add_u32_e32 v4, 0x2000, v2
 \tglobal_store_dword v4, v4, s[0:1]
 """
 
@@ -380,4 +385,4 @@ def test_launches_with_memory_cohort_forms_match_them_run_wave_by_wave(arch, ord
                         stats.written_back, stats.polls, stats.rounds, stats.bytes_written))
     assert results[0] == results[1]
     out = np.array(results[0][0]).reshape(16, 512)  # each workgroup's own words, then the pollers'
-    assert (out[:4, :256] == 7).all() and (out[2:6, 256:] != 0).all()
+    assert (out[:4, :256] == 7).all() and (out[:4, 256:] == 9).all() and (out[4:8, 256:] != 0).all()
