@@ -982,16 +982,17 @@ def decode_control(ins, ctx):
 
         def end_all(waves, after: int, performed: set) -> list:
             """s_endpgm of a cohort's `waves` at once (their pc set to `after`), as `end`
-            wave by wave, for those that have no LDS or SMEM operation outstanding
-            and sleep on no line, of workgroups not waiting at a barrier, and whose
-            vector memory instructions retire at once (inflight.retire_all_unwatched:
-            stores performed in program order, none reaching a line a wave sleeps
-            on) while every wave before them did so too, in wave order; adds the
+            wave by wave, in wave order, for those that have no LDS or SMEM
+            operation outstanding and sleep on no line, of workgroups not waiting
+            at a barrier, and whose vector memory instructions retire at once
+            (inflight.retire_all_unwatched: loads; stores and write-backs
+            performed in program order, no store reaching a line a wave sleeps on,
+            and only while no wave before them was left to `end`); adds the
             workgroups of the waves that performed stores to `performed`. Returns
             the others, untouched, to end wave by wave (what their ends do, retire
             their counters, perform their stores, does not read whether another
-            wave ended; a wave after one of them that performs stores is among
-            them, so that the waves' stores perform in wave order)."""
+            wave ended; a wave with stores after one of them is among them, so
+            that the waves' stores perform in wave order)."""
             rest = []
             for w in waves:
                 group = w.group
