@@ -554,16 +554,18 @@ def decode_smem(ins, ctx):
         for w in waves:
             s = w.s
             at = ((s[b] | (s[b + 1] << 32)) + (s[k] if k is not None else constant) + extra) & ~3
+            mine = w.group.cu
             if at != address:
-                address, cu = at, w.group.cu
+                address, cu = at, mine
                 before = mem.stale_bytes
                 region = memory.region_of(at, size, who(w, ins))
                 words = unpack(mem.load_scalar(w, region, at - region.base, size, cached))
                 stale = mem.stale_bytes - before
-            elif w.group.cu is cu:
-                mem.stale_bytes += stale
+            elif mine is cu:
+                if stale:
+                    mem.stale_bytes += stale
             else:
-                cu, stale = w.group.cu, 0
+                cu, stale = mine, 0
                 if not mem.repeat_scalar(cu, region, cached):
                     before = mem.stale_bytes
                     words = unpack(mem.load_scalar(w, region, at - region.base, size, cached))
