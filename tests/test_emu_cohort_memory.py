@@ -141,17 +141,27 @@ def test_an_smem_load_over_a_cohort_is_the_load_of_each_wave(text, memory):
         assert sides[0] == sides[1]
 
 
-def test_a_later_smem_load_leaves_the_load_it_shares_with_other_waves():
-    """A cohort's waves share one Load (inflight.issue_smem_over); a wave's later load
-    of some of its registers takes them over in its own queue only."""
-    _, ws, load = _smem_world(1, SMEM_LOADS[1])
-    for w in ws:
-        w.pending = 0
-        w.smem.clear()
-    load.cohort(ws)
-    inflight.issue_smem(ws[0], "later", 0x3 << (inflight.SGPR_BIT + 8))
-    assert [op.dst for op in ws[0].smem] == [0xC << (inflight.SGPR_BIT + 8), 0x3 << (inflight.SGPR_BIT + 8)]
-    assert all([op.dst for op in w.smem] == [0xF << (inflight.SGPR_BIT + 8)] for w in ws[1:])
+@pytest.mark.parametrize("queue", ["vm", "lds", "smem"])
+def test_a_later_load_leaves_the_load_it_shares_with_other_waves(queue):
+    """The waves of a batch or a cohort share one Load (inflight.issue_over: a vector
+    load, an LDS read, an SMEM load); a wave's later load of some of its registers
+    takes them over in its own queue only; a wave with exec 0 returns to none of
+    a vector or LDS load's registers."""
+    ws = []
+    for k in range(6):
+        w = Wave()
+        w.pending, w.exec = 0, 0 if k == 3 else 1
+        ws.append(w)
+    inflight.issue_over(ws, queue, "first", 0xF0, masked=queue != "smem")
+    issue = {"vm": inflight.issue_vm, "lds": inflight.issue_lds, "smem": inflight.issue_smem}[queue]
+    issue(ws[0], "later", 0x30)
+    issue(ws[3], "later", 0x30)
+    mine = [[(op.ins, op.dst) for op in getattr(w, queue)] for w in ws]
+    blank = 0xF0 if queue == "smem" else 0
+    assert mine[0] == [("first", 0xC0), ("later", 0x30)]
+    assert mine[3] == [("first", blank & ~0x30), ("later", 0x30)]
+    assert mine[1:3] + mine[4:] == [[("first", 0xF0)]] * 4
+    assert [w.pending for w in ws] == [0xF0, 0xF0, 0xF0, blank | 0x30, 0xF0, 0xF0]
 
 
 def _waiting_waves(seed: int, world: World, storing: bool):

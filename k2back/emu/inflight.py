@@ -90,7 +90,7 @@ def _expect(w, queue, op) -> None:
     """The registers op's return writes are not ready until it is covered; a newer
     load of the same in-order queue takes them over from an older one (which
     becomes a Load of its other registers: a Load may be in several waves'
-    queues, issue_smem_over, and is never changed)."""
+    queues, issue_over, and is never changed)."""
     if op.dst:
         if w.pending & op.dst:
             for index, older in enumerate(queue):
@@ -149,16 +149,20 @@ def issue_smem(w, ins, dst: int) -> None:
     _expect(w, w.smem, Load(ins, dst))
 
 
-def issue_smem_over(waves, ins, dst: int) -> None:
-    """issue_smem of each of `waves`, one Load for all (never changed: _expect): a
-    wave with none of `dst` pending only appends it."""
+def issue_over(waves, queue: str, ins, dst: int, masked: bool = True) -> None:
+    """issue_vm, issue_lds or issue_smem (`queue`: "vm", "lds", "smem") of each of
+    `waves`, whose return writes `dst` (nothing, for a wave with exec 0, where
+    `masked`), one Load for all (never changed: _expect): a wave with none of
+    those registers pending only appends it."""
     op = Load(ins, dst)
+    blank = Load(ins, 0) if masked and dst else op
     for w in waves:
-        if w.pending & dst:
-            _expect(w, w.smem, op)
+        mine = op if blank is op or w.exec else blank
+        if w.pending & mine.dst:
+            _expect(w, getattr(w, queue), mine)
         else:
-            w.pending |= dst
-            w.smem.append(op)
+            w.pending |= mine.dst
+            getattr(w, queue).append(mine)
 
 
 # ------------------------------------------------------------------ what a wave sees of its own stores

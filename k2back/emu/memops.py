@@ -119,8 +119,7 @@ def vmem_load(counter, access, ins, dst: int):
     wave order (_over_workgroup: where the waves disagree on an SGPR operand or
     an access faults, a workgroup at a time, then wave by wave)."""
     def issued(waves):
-        for v in waves:
-            inflight.issue_vm(v, ins, dst if v.exec else 0)
+        inflight.issue_over(waves, "vm", ins, dst)
     return _over_workgroup(counter, access, vmem(counter, access, ins, dst), issued)
 
 
@@ -573,7 +572,7 @@ def decode_smem(ins, ctx):
             region.read += size
             s[first:first + count] = words
         counter[0] += len(waves)
-        inflight.issue_smem_over(waves, ins, dst_bits)
+        inflight.issue_over(waves, "smem", ins, dst_bits, masked=False)
 
     # (timing mode charges each wave its own access; an exec offset reads no SGPR)
     if op == "s" and (k is not None or constant is not None) and not ctx.machine.timing:
@@ -702,8 +701,10 @@ def _firsts(w) -> list[bool]:
 def _issue_lds(w, ins, dst: int, masked: bool = True) -> None:
     """Each wave of `w` (a wave or a batch) issued `ins` (whose return writes
     `dst`; nothing with exec 0 when `masked`)."""
-    for v in w.waves or (w,):
-        inflight.issue_lds(v, ins, dst if v.exec or not masked else 0)
+    if w.waves is None:
+        inflight.issue_lds(w, ins, dst if w.exec or not masked else 0)
+    else:
+        inflight.issue_over(w.waves, "lds", ins, dst, masked)
 
 
 def _ds_move(ins, ctx, op, suffix):
