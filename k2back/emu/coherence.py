@@ -497,17 +497,23 @@ class Overlay:
         return distinct(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
 
+NO_COPIES = Overlay()  # PrivateCache.copies while it holds no copy (never written to)
+
+
 class PrivateCache:
     """A CU's vector L1 or scalar cache. It holds the lines read through it since its
     last invalidation (`held`, line by line; `regions`, whole buffers read before
     any store touched them), each as the L2 showed it then: once the L2's view of a
-    held line changes, `copies` keeps the line's old bytes (`saved`)."""
+    held line changes, `copies` keeps the line's old bytes (`saved`): until the
+    first, NO_COPIES, an empty Overlay that every such cache shares (a grid makes
+    two caches a workgroup, most of which never save a line; only _save_lines
+    puts bytes in `copies`, and gives the cache its own first)."""
 
     __slots__ = ("copies", "held", "l2", "regions", "saved")
 
     def __init__(self, l2):
         self.l2 = l2
-        self.copies = Overlay()
+        self.copies = NO_COPIES
         self.held = set()
         self.regions = set()
         self.saved = set()
@@ -540,7 +546,7 @@ class PrivateCache:
                         del index[key]
             keys.clear()
         self.saved.clear()
-        self.copies = Overlay()
+        self.copies = NO_COPIES
 
 
 class L2:
@@ -595,6 +601,12 @@ class IdealMemory:
 
     def load_scalar(self, w, region, start: int, count: int, cached: bool) -> np.ndarray:
         return region.data[start:start + count].copy()
+
+    def repeat_scalar(self, cu, region, cached: bool) -> bool:
+        """A wave of `cu` loads the bytes of `region` the last load_scalar returned
+        (nothing changed since): True when the same bytes are what it loads and
+        this did all else that load_scalar would, False when the caller must call it."""
+        return True
 
     def store(self, cu, flat, values, span=None) -> bool:
         self.memory.poke(flat, values)
@@ -705,6 +717,16 @@ class StrictMemory(IdealMemory):
             cu.scalar.hold(np.unique(flat >> LINE_BITS))
         return values
 
+    def repeat_scalar(self, cu, region, cached: bool) -> bool:
+        """IdealMemory.repeat_scalar: so it is in a buffer no store touched (memory's
+        bytes, the scalar cache holds the whole buffer: load_scalar)."""
+        if region.touched:
+            return False
+        self.changes += 1
+        if cached:
+            cu.scalar.hold_region(region.base)
+        return True
+
     def _view(self, l2: L2, flat, values, count: bool = False) -> None:
         """`values` (memory's bytes at `flat`) as `l2` shows them: stale copies, then
         its dirty bytes."""
@@ -723,12 +745,17 @@ class StrictMemory(IdealMemory):
         l2 = cu.l2
         low, high = (int(flat.min()), int(flat.max())) if span is None else span
         first, last = low >> LINE_BITS, high >> LINE_BITS
-        polled = self.polled_between(first, last)
-        if polled or l2.holders or self._read_by_others(l2, first, last, cu.l1):
+        polled = bool(self.polled) and self.polled_between(first, last)
+        if polled or l2.holders or l2.region_readers and self._read_by_others(l2, first, last, cu.l1):
             lines = distinct(flat >> LINE_BITS)
             self._save_lines(l2, lines, keep=cu.l1)
-        l2.dirty.put(flat, values, span=(low, high))
-        cu.l1.copies.drop(flat)
+        dirty = l2.dirty  # dirty.put(flat, values, span=(low, high)), inline
+        if dirty.later:
+            dirty._settle_drops()
+        dirty.queued.append((flat, values, first, last))
+        copies = cu.l1.copies
+        if copies is not NO_COPIES and copies:
+            copies.drop(flat)
         return polled and self._reach_pollers(lines)
 
     def polled_between(self, first: int, last: int) -> bool:
@@ -749,7 +776,8 @@ class StrictMemory(IdealMemory):
         region = self.memory.region_at(first << LINE_BITS)
         if region is None or last << LINE_BITS >= region.end:
             return True
-        return any(cache is not keep for cache in l2.region_readers.get(region.base, ()))
+        readers = l2.region_readers.get(region.base)
+        return bool(readers) and any(cache is not keep for cache in readers)
 
     def atomic(self, w, addresses, dtype, update, sources, who):
         """Performed at memory, after the XCD's own dirty copy of the bytes; the L1
@@ -819,6 +847,8 @@ class StrictMemory(IdealMemory):
             view = self.memory.peek(where)
             self._view(l2, where, view)
             for cache in caches:
+                if cache.copies is NO_COPIES:
+                    cache.copies = Overlay()
                 cache.copies.put(where, view, missing_only=True)
                 cache.saved.add(line)
 
@@ -936,9 +966,16 @@ class StrictMemory(IdealMemory):
         caches that hold its lines: they referred to each other (L2.holders,
         region_readers <-> PrivateCache.l2), cycles the collector would free only
         after walking every object of the process, torch's too (~1,900 objects
-        of an idle grid, a full collection ~0.2 s now and then)."""
+        of an idle grid, a full collection ~0.2 s now and then). Nothing reads
+        after it: memory takes each L2's dirty bytes, L2 by L2 as _write_back
+        would, without the other L2s keeping its old bytes as stale copies
+        (_memory_changes), which no load would see."""
         self.changes += 1
         for l2 in self.l2s:
-            self._write_back(l2, l2.dirty.take())
+            taken = l2.dirty.take()
+            self.changes += 1
+            if taken is not None:
+                self.memory.poke(*taken)
+                self.written_back += taken[0].size
             l2.holders.clear()
             l2.region_readers.clear()

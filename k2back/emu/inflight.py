@@ -72,7 +72,8 @@ class Op:
 
 class Load:
     """An Op of kind LOAD (done when issued), the most frequent: only its
-    instruction and the registers it returns to are its own."""
+    instruction and the registers it returns to are its own. Never changed once
+    queued (_expect replaces it): several waves' queues may hold one."""
 
     __slots__ = ("dst", "ins")
     kind, done = LOAD, True
@@ -87,11 +88,14 @@ class Load:
 
 def _expect(w, queue, op) -> None:
     """The registers op's return writes are not ready until it is covered; a newer
-    load of the same in-order queue takes them over from an older one."""
+    load of the same in-order queue takes them over from an older one (which
+    becomes a Load of its other registers: a Load may be in several waves'
+    queues, issue_over, and is never changed)."""
     if op.dst:
         if w.pending & op.dst:
-            for older in queue:
-                older.dst &= ~op.dst
+            for index, older in enumerate(queue):
+                if older.dst & op.dst:  # a Load (the other kinds return to no register)
+                    queue[index] = Load(older.ins, older.dst & ~op.dst)
         w.pending |= op.dst
     queue.append(op)
 
@@ -107,7 +111,7 @@ def issue_store(w, ins, mem, flat: np.ndarray, values: np.ndarray, span=None) ->
     atomic piece, its phases perform one by one (coherence.store_phases), a sleeper
     woken by one sees it before the next (_phases: computed when it performs, and
     only if a wave sleeps on its lines)."""
-    op = Op(ins, STORE, done=not mem.strict)
+    op = Op(ins, STORE, 0, not mem.strict)
     op.flat, op.values = flat, values
     if mem.strict:
         op.span = (int(flat.min()), int(flat.max())) if span is None else span
@@ -143,6 +147,22 @@ def issue_lds_store(w, ins, mem, write, args) -> None:
 
 def issue_smem(w, ins, dst: int) -> None:
     _expect(w, w.smem, Load(ins, dst))
+
+
+def issue_over(waves, queue: str, ins, dst: int, masked: bool = True) -> None:
+    """issue_vm, issue_lds or issue_smem (`queue`: "vm", "lds", "smem") of each of
+    `waves`, whose return writes `dst` (nothing, for a wave with exec 0, where
+    `masked`), one Load for all (never changed: _expect): a wave with none of
+    those registers pending only appends it."""
+    op = Load(ins, dst)
+    blank = Load(ins, 0) if masked and dst else op
+    for w in waves:
+        mine = op if blank is op or w.exec else blank
+        if w.pending & mine.dst:
+            _expect(w, getattr(w, queue), mine)
+        else:
+            w.pending |= mine.dst
+            getattr(w, queue).append(mine)
 
 
 # ------------------------------------------------------------------ what a wave sees of its own stores
@@ -193,16 +213,7 @@ def retire_vm(w, keep: int, mem, progress) -> bool:
     if w.unperformed:
         batch = list(itertools.islice(queue, count))
         if _unwatched(batch, mem):
-            cu = w.group.cu
-            for op in batch:  # stores in program order (whole: _phases), a newer one's bytes overwriting
-                if op.kind == STORE:  # an older one's
-                    op.done, op.parts = True, None
-                    mem.store(cu, op.flat, op.values, op.span)
-            for op in batch:
-                if not op.done:  # the write-backs, last
-                    op.done = True
-                    mem.writeback(cu, op.perform)
-            w.unperformed -= sum(1 for op in batch if op.kind != LOAD)
+            _perform_in_order(w, batch, mem)
             progress()
         elif _perform_newest_first(w, batch, mem, progress):
             return True
@@ -211,6 +222,55 @@ def retire_vm(w, keep: int, mem, progress) -> bool:
         pending &= ~take().dst
     w.pending = pending
     return False
+
+
+def retire_all_unwatched(w, mem) -> bool:
+    """retire_vm(w, 0, ...) where it performs its stores and write-backs at once, in
+    program order (_unwatched; or it has none): then True, the queue empty (the
+    caller calls progress() if w.unperformed was not 0); else False, nothing done."""
+    queue = w.vm
+    if w.unperformed == 1 and len(queue) == 1:  # one store or write-back (mostly): _unwatched, inline
+        op = queue[0]
+        if op.kind == STORE:
+            first, last = op.span
+            if mem.polled and mem.polled_between(first >> LINE_BITS, last >> LINE_BITS):
+                return False
+            op.done, op.parts = True, None
+            mem.store(w.group.cu, op.flat, op.values, op.span)
+        else:
+            op.done = True
+            mem.writeback(w.group.cu, op.perform)
+        w.unperformed = 0
+        queue.clear()
+        return True
+    if w.unperformed:
+        batch = list(queue)
+        if not _unwatched(batch, mem):
+            return False
+        _perform_in_order(w, batch, mem)
+    pending = w.pending
+    if pending:
+        for op in queue:
+            pending &= ~op.dst
+        w.pending = pending
+    queue.clear()
+    return True
+
+
+def _perform_in_order(w, batch, mem) -> None:
+    """Perform the stores and write-backs of `batch`, none performed yet, in program
+    order (_unwatched holds): the stores whole (_phases), a newer one's bytes
+    overwriting an older one's, the write-backs last."""
+    cu = w.group.cu
+    for op in batch:
+        if op.kind == STORE:
+            op.done, op.parts = True, None
+            mem.store(cu, op.flat, op.values, op.span)
+    for op in batch:
+        if not op.done:  # the write-backs, last
+            op.done = True
+            mem.writeback(cu, op.perform)
+    w.unperformed -= sum(1 for op in batch if op.kind != LOAD)
 
 
 def _perform_newest_first(w, batch, mem, progress) -> bool:
@@ -310,6 +370,39 @@ def retire_lgkm(w, keep: int, progress) -> None:
         for op in w.smem:
             w.pending &= ~op.dst
         w.smem.clear()
+
+
+def retire_loads_over(waves, keep: int) -> bool:
+    """retire_vm(w, keep, ...) of each of `waves` where none has a store or write-back
+    among those it retires (then each retires loads only: nothing performs, none
+    stops); returns True, having done nothing, where one has."""
+    for w in waves:
+        if w.unperformed and len(w.vm) > keep:
+            return True
+    for w in waves:
+        queue = w.vm
+        count = len(queue) - keep
+        if count > 0:
+            pending, take = w.pending, queue.popleft
+            for _ in range(count):
+                pending &= ~take().dst
+            w.pending = pending
+    return False
+
+
+def retire_lgkm_over(waves, keep: int, progress) -> None:
+    """retire_lgkm of each of `waves` that has an LDS or SMEM operation outstanding,
+    in order (`s_waitcnt lgkmcnt(keep)` of a cohort: it neither stops a wave nor
+    performs a global store); a wave with SMEM loads only, at keep 0, clears them."""
+    for w in waves:
+        if w.lds:
+            retire_lgkm(w, keep, progress)
+        elif w.smem and not keep:
+            returned = 0
+            for op in w.smem:
+                returned |= op.dst
+            w.pending &= ~returned
+            w.smem.clear()
 
 
 # ------------------------------------------------------------------ scoreboard

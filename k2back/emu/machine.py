@@ -559,10 +559,12 @@ class Machine:
         performed stores).
         A batched step leaves the waves' `pc` behind (no batchable closure reads
         it) until an unbatched step or the end of the cohort. So does a closure's
-        `cohort` form (SALU, saveexec, SMEM loads: fn(waves), no signal, no store,
-        no read of the pc; a branch: fn(waves, pc after it) -> the pc they all
-        go to, or None when they part), which runs the instruction for all the
-        waves at once, as each would alone, in order (salu.py, memops.py)."""
+        `cohort` form (SALU, saveexec, SMEM loads, s_waitcnt: fn(waves), no signal,
+        no global store, no read of the pc; an s_waitcnt's returns True, having
+        done nothing, where a wave would perform stores: then wave by wave; a
+        branch: fn(waves, pc after it) -> the pc they all go to, or None when they
+        part), which runs the instruction for all the waves at once, as each
+        would alone, in order (salu.py, memops.py, decode_control)."""
         batchable, stops, jumps, quiet, spans = steps
         touches, effects = scoreboard.touches, scoreboard.effects
         count = len(at)
@@ -630,8 +632,8 @@ class Machine:
                         break
                     continue
                 over = getattr(run, "cohort", None)
-                if over is not None:  # once for the cohort's waves (an SMEM load: no signal, no store)
-                    over(at)
+                if over is not None and not over(at):  # once for the cohort's waves (an SMEM load, an
+                    # s_waitcnt: no signal, no global store; True: it did nothing, wave by wave below)
                     hits[pc] += count
                     pending = _pending(at)
                     pc += 1
@@ -642,7 +644,7 @@ class Machine:
                 over = getattr(run, "over", None)  # s_endpgm: the cohort's waves end at once
                 if over is not None:
                     stopped = dict.fromkeys(at, "end")  # (in wave order)
-                    going = over(at, pc + 1)  # those left to end wave by wave
+                    going = over(at, pc + 1, performed)  # those left to end wave by wave
                 for who in going:
                     who.pc = pc + 1
                     unperformed = who.unperformed
@@ -952,6 +954,17 @@ def decode_control(ins, ctx):
                 return "retry"
             if lgkm is not None and (w.lds or w.smem):
                 inflight.retire_lgkm(w, lgkm, progress)
+        def wait_over(waves):
+            """`wait` of each of a cohort's waves, where none performs a store (an
+            LDS store performs, no wave stops); True, having done nothing, where
+            one would (inflight.retire_loads_over)."""
+            if vm is not None and inflight.retire_loads_over(waves, vm):
+                return True
+            if lgkm is not None:
+                inflight.retire_lgkm_over(waves, lgkm, progress)
+            return None
+        if vm is not None or lgkm is not None:
+            wait.cohort = wait_over
         return wait
     if name in ("s_nop", "s_setprio", "s_icache_inv"):
         return lambda w: None
@@ -967,7 +980,7 @@ def decode_control(ins, ctx):
     if name == "s_barrier":
         return lambda w: _arrive(w, ctx)
     if name == "s_endpgm":
-        machine = ctx.machine
+        machine, mem = ctx.machine, ctx.mem
 
         def end(w):
             if w.vm and inflight.retire_vm(w, 0, ctx.mem, ctx.progress):
@@ -984,21 +997,35 @@ def decode_control(ins, ctx):
                 _release_if_complete(group, ctx)
             return "end"
 
-        def end_all(waves, after: int) -> list:
+        def end_all(waves, after: int, performed: set) -> list:
             """s_endpgm of a cohort's `waves` at once (their pc set to `after`), as `end`
-            wave by wave, for those that have no memory instruction outstanding and
-            sleep on no line, of workgroups not waiting at a barrier; returns the
-            others, untouched, to end wave by wave (what their ends do, retire their
-            counters, perform their stores, does not read whether another wave ended)."""
+            wave by wave, in wave order, for those that have no LDS or SMEM
+            operation outstanding and sleep on no line, of workgroups not waiting
+            at a barrier, and whose vector memory instructions retire at once
+            (inflight.retire_all_unwatched: loads; stores and write-backs
+            performed in program order, no store reaching a line a wave sleeps on,
+            and only while no wave before them was left to `end`); adds the
+            workgroups of the waves that performed stores to `performed`. Returns
+            the others, untouched, to end wave by wave (what their ends do, retire
+            their counters, perform their stores, does not read whether another
+            wave ended; a wave with stores after one of them is among them, so
+            that the waves' stores perform in wave order)."""
             rest = []
             for w in waves:
                 group = w.group
-                if w.vm or w.lds or w.smem or w.polled_lines or group.arrived:
+                if w.lds or w.smem or w.polled_lines or group.arrived:
                     rest.append(w)
-                else:
-                    w.pc = after
-                    w.done = True
-                    group.live -= 1
+                    continue
+                if w.vm:
+                    unperformed = w.unperformed
+                    if unperformed and rest or not inflight.retire_all_unwatched(w, mem):
+                        rest.append(w)
+                        continue
+                    if unperformed:
+                        performed.add(group)
+                w.pc = after
+                w.done = True
+                group.live -= 1
             if len(rest) < len(waves):
                 machine._progress = True
             return rest

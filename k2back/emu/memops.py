@@ -119,8 +119,7 @@ def vmem_load(counter, access, ins, dst: int):
     wave order (_over_workgroup: where the waves disagree on an SGPR operand or
     an access faults, a workgroup at a time, then wave by wave)."""
     def issued(waves):
-        for v in waves:
-            inflight.issue_vm(v, ins, dst if v.exec else 0)
+        inflight.issue_over(waves, "vm", ins, dst)
     return _over_workgroup(counter, access, vmem(counter, access, ins, dst), issued)
 
 
@@ -545,23 +544,35 @@ def decode_smem(ins, ctx):
         one CU load from one address (the waves of a workgroup, their kernargs):
         the first loads through the CU's scalar cache, those after it take its
         words and count what it counted (what they would load: nothing comes
-        between, no store, no other load)."""
-        mem, seen, words, stale = ctx.mem, None, None, 0
+        between, no store, no other load); a wave of another CU loading the
+        address the wave before it loaded takes its words too where memory's
+        bytes are what it loads (coherence: repeat_scalar, a buffer no store
+        touched: the waves of a grid, their kernargs)."""
+        mem, cu, address, words, stale = ctx.mem, None, None, None, 0
         size = 4 * count
         for w in waves:
             s = w.s
-            address = ((s[b] | (s[b + 1] << 32)) + (s[k] if k is not None else constant) + extra) & ~3
-            if seen is None or seen[0] is not w.group.cu or seen[1] != address:
+            at = ((s[b] | (s[b + 1] << 32)) + (s[k] if k is not None else constant) + extra) & ~3
+            mine = w.group.cu
+            if at != address:
+                address, cu = at, mine
                 before = mem.stale_bytes
-                region = memory.region_of(address, size, who(w, ins))
-                words = unpack(mem.load_scalar(w, region, address - region.base, size, cached))
-                seen, stale = (w.group.cu, address), mem.stale_bytes - before
+                region = memory.region_of(at, size, who(w, ins))
+                words = unpack(mem.load_scalar(w, region, at - region.base, size, cached))
+                stale = mem.stale_bytes - before
+            elif mine is cu:
+                if stale:
+                    mem.stale_bytes += stale
             else:
-                mem.stale_bytes += stale
-            counter[0] += 1
+                cu, stale = mine, 0
+                if not mem.repeat_scalar(cu, region, cached):
+                    before = mem.stale_bytes
+                    words = unpack(mem.load_scalar(w, region, at - region.base, size, cached))
+                    stale = mem.stale_bytes - before
             region.read += size
             s[first:first + count] = words
-            inflight.issue_smem(w, ins, dst_bits)
+        counter[0] += len(waves)
+        inflight.issue_over(waves, "smem", ins, dst_bits, masked=False)
 
     # (timing mode charges each wave its own access; an exec offset reads no SGPR)
     if op == "s" and (k is not None or constant is not None) and not ctx.machine.timing:
@@ -690,8 +701,10 @@ def _firsts(w) -> list[bool]:
 def _issue_lds(w, ins, dst: int, masked: bool = True) -> None:
     """Each wave of `w` (a wave or a batch) issued `ins` (whose return writes
     `dst`; nothing with exec 0 when `masked`)."""
-    for v in w.waves or (w,):
-        inflight.issue_lds(v, ins, dst if v.exec or not masked else 0)
+    if w.waves is None:
+        inflight.issue_lds(w, ins, dst if w.exec or not masked else 0)
+    else:
+        inflight.issue_over(w.waves, "lds", ins, dst, masked)
 
 
 def _ds_move(ins, ctx, op, suffix):
