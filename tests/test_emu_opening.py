@@ -28,7 +28,7 @@ import re
 import numpy as np
 import pytest
 
-from k2back.emu import EmulatorError, Machine, hazards, salu
+from k2back.emu import EmulatorError, Machine, hazards, opening, salu
 from k2back.emu import asm as asm_text
 from k2back.emu.testing import ARCHS, assemble, handwritten, module, run
 
@@ -237,6 +237,20 @@ def test_the_idle_persistent_grid(arch, name, order, memory):
     assert got.counters["waves"] == 8 * groups and got.counters["workgroups"] == groups
     if name != "idle_uniform":  # LLVM's code: a compare, saveexec, a branch before any load
         assert private_prefix(assemble(IDLE, arch), name) >= 3
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_vector_instruction_that_writes_sgprs_wave_by_wave_stops_the_opening(arch, monkeypatch):
+    """v_readfirstlane without the opening's form of it (opening.Rows.write_rows)
+    writes its SGPR wave by wave, over the waves of its batch: the opening's rows
+    have none to give (Rows.waves raises), so their classes stop before it,
+    untouched, and the scheduler runs it; the launch is as without the opening."""
+    monkeypatch.delattr(opening.Rows, "write_rows")
+    groups = 40
+    arrays = {"marks": np.zeros(groups * 8, np.int32), "data": np.zeros(groups * 64, np.int32)}
+    got = same_with_and_without(IDLE, arch, "idle_uniform", arrays, grid=(groups,), block=(512,))
+    for key, want in idle_expected("idle_uniform", groups).items():
+        np.testing.assert_array_equal(got.outputs[key], want)
 
 
 # ---------------------------------------------------------------- (2) random private prefixes
