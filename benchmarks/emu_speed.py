@@ -21,7 +21,7 @@ import time
 import numpy as np
 import torch
 
-from k2back.emu.testing import ARCHS, module, run
+from k2back.emu.testing import ARCHS, IDLE_GRID, module, run
 
 MFMA = module("""
 define amdgpu_kernel void @mfma(ptr addrspace(1) %a, ptr addrspace(1) %out, i32 %blocks) #0 {
@@ -85,19 +85,7 @@ declare i32 @llvm.amdgcn.workgroup.id.x()
 declare i32 @llvm.amdgcn.workitem.id.x()
 """)
 
-IDLE = module("""
-define amdgpu_kernel void @idle(ptr addrspace(1) %marks) #0 {
-  %tid = call i32 @llvm.amdgcn.workitem.id.x()
-  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
-  %first = icmp eq i32 %tid, 0
-  br i1 %first, label %mark, label %done
-mark:
-  %p = getelementptr i32, ptr addrspace(1) %marks, i32 %wg
-  store atomic i32 1, ptr addrspace(1) %p syncscope("agent") monotonic, align 4
-  br label %done
-done:
-  ret void
-}
+IDLE = module(IDLE_GRID + """
 declare i32 @llvm.amdgcn.workitem.id.x()
 declare i32 @llvm.amdgcn.workgroup.id.x()
 """)

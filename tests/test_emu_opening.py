@@ -28,9 +28,10 @@ import re
 import numpy as np
 import pytest
 
-from k2back.emu import EmulatorError, Machine, hazards, opening, salu
+from k2back.emu import EmulatorError, Machine, hazards, salu
 from k2back.emu import asm as asm_text
-from k2back.emu.testing import ARCHS, assemble, handwritten, module, run
+from k2back.emu.opening import Rows
+from k2back.emu.testing import ARCHS, IDLE_GRID, assemble, handwritten, module, run
 
 # the counters the opening may change: how instructions were grouped into executions
 GROUPING = ("batched", "batches", "rounds")
@@ -125,20 +126,7 @@ def test_the_opening_is_on_unless_turned_off():
 # a wave (its id compared with the workgroup's) goes on to mark memory, the other
 # waves end. `idle_wave` compares the wave id as a lane value (v_cmp, saveexec),
 # `idle_uniform` as the kernels do, through readfirstlane (a scalar branch after it).
-IDLE = module("""
-define amdgpu_kernel void @idle(ptr addrspace(1) %marks) #0 {
-  %tid = call i32 @llvm.amdgcn.workitem.id.x()
-  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
-  %first = icmp eq i32 %tid, 0
-  br i1 %first, label %mark, label %done
-mark:
-  %p = getelementptr i32, ptr addrspace(1) %marks, i32 %wg
-  store atomic i32 1, ptr addrspace(1) %p syncscope("agent") monotonic, align 4
-  br label %done
-done:
-  ret void
-}
-
+IDLE = module(IDLE_GRID + """
 define amdgpu_kernel void @idle_wave(ptr addrspace(1) %marks, ptr addrspace(1) %data) #0 {
   %tid = call i32 @llvm.amdgcn.workitem.id.x()
   %wg = call i32 @llvm.amdgcn.workgroup.id.x()
@@ -245,7 +233,7 @@ def test_a_vector_instruction_that_writes_sgprs_wave_by_wave_stops_the_opening(a
     writes its SGPR wave by wave, over the waves of its batch: the opening's rows
     have none to give (Rows.waves raises), so their classes stop before it,
     untouched, and the scheduler runs it; the launch is as without the opening."""
-    monkeypatch.delattr(opening.Rows, "write_rows")
+    monkeypatch.delattr(Rows, "write_rows")
     groups = 40
     arrays = {"marks": np.zeros(groups * 8, np.int32), "data": np.zeros(groups * 64, np.int32)}
     got = same_with_and_without(IDLE, arch, "idle_uniform", arrays, grid=(groups,), block=(512,))

@@ -24,6 +24,25 @@ attributes #0 = { "amdgpu-flat-work-group-size"="1,512" }
 """
 
 
+# The persistent grid's idle shape (benchmarks/emu_speed.py's `idle_grid`): lane 0 of each
+# workgroup marks its word; every other wave compares, branches and ends. (Needs the
+# workitem.id.x and workgroup.id.x declarations.)
+IDLE_GRID = """
+define amdgpu_kernel void @idle(ptr addrspace(1) %marks) #0 {
+  %tid = call i32 @llvm.amdgcn.workitem.id.x()
+  %wg = call i32 @llvm.amdgcn.workgroup.id.x()
+  %first = icmp eq i32 %tid, 0
+  br i1 %first, label %mark, label %done
+mark:
+  %p = getelementptr i32, ptr addrspace(1) %marks, i32 %wg
+  store atomic i32 1, ptr addrspace(1) %p syncscope("agent") monotonic, align 4
+  br label %done
+done:
+  ret void
+}
+"""
+
+
 def module(body: str) -> str:
     """An amdhsa module around kernel definitions that use attribute group #0."""
     return f'target triple = "{llvm.TRIPLE}"\n{body}\n{MODULE_TAIL}'
