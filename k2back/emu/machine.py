@@ -316,9 +316,9 @@ class Machine:
         # the waves' private start, run as arrays before the scheduler (opening.py)
         opened = None
         if self.opening and self.batching and timer is None:
-            opened = Opening(checked, opening_kinds(kernel, code, checked, classes, batchable, quiet,
-                                                          scoreboard.effects, setup.accum_offset),
-                                   spans, scoreboard.touches)
+            kinds = opening_kinds(kernel, code, checked, classes, batchable, quiet, scoreboard.effects,
+                                  setup.accum_offset)
+            opened = Opening(checked, kinds, spans, scoreboard.touches)
         launch_buffers = [self.memory.map(array, name) for name, array in setup.launch_buffers.items()]
         try:
             with np.errstate(all="ignore"):  # integer wrap-around and IEEE specials are the ISA's
