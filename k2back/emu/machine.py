@@ -1165,10 +1165,12 @@ class LaunchSetup:
         if opening is not None and opening.kinds[0] is not None:
             registers = np.zeros((self.vector_registers, waves, LANES), np.uint32)  # (register-major)
             registers[0] = np.tile(v0, (len(order), 1))
-            rows, likes, own = opening.run(starts, execs, range(len(user), len(user) + len(axes)), registers)
-            grid = Grid(len(rows), self.vector_registers, len(order), self.lds_bytes)
-            grid.registers[:] = (registers if len(rows) == waves else registers[:, rows]).transpose(1, 0, 2)
-            return grid.resume(starts, len(v0), rows.tolist(), likes, own), grid
+            going = opening.run(starts, execs, range(len(user), len(user) + len(axes)), registers)
+            if going is not None:
+                rows, likes, own = going
+                grid = Grid(len(rows), self.vector_registers, len(order), self.lds_bytes)
+                grid.registers[:] = registers[:, rows].transpose(1, 0, 2)
+                return grid.resume(starts, len(v0), rows.tolist(), likes, own), grid
         grid = Grid(waves, self.vector_registers, len(order), self.lds_bytes)
         grid.registers[:, 0] = np.tile(v0, (len(order), 1))
         return grid.start(starts, execs), grid

@@ -122,7 +122,8 @@ class Opening:
         values differ between workgroups. Returns the waves that go on: their
         rows (ascending), a Wave standing for each (its pc, scalar file, SCC and
         exec), and each row's own values of the SGPRs such a Wave leaves out
-        ({slot: [value a row]})."""
+        ({slot: [value a row]}); or None, its counts back at 0, when no wave
+        ended in it (then the waves start as without it)."""
         per = len(execs)
         self.registers = registers
         self.varying = {i: np.repeat(np.array([start[3][i] for start in starts], np.uint64), per)
@@ -168,6 +169,10 @@ class Opening:
                 else:
                     at.setdefault(c.wave.pc, []).append(c)
         self.registers = None
+        if not self.ended:  # undone: resuming its waves costs more than starting them again
+            self.hits = [0] * len(self.code)
+            self.executed = self.batched = self.batches = 0
+            return None
         if not stopped:
             return np.zeros(0, np.intp), [], {}
         rows = np.concatenate([c.rows for c in stopped])
