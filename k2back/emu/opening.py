@@ -24,6 +24,8 @@ the class splits by their values.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .inflight import SGPR_BIT
@@ -87,6 +89,12 @@ class Class:
         self.wave, self.rows, self.stopped = wave, rows, False
 
 
+def _give(slots: tuple, w: Wave, values: list) -> None:
+    """`w`'s SGPRs `slots` take `values`."""
+    for i, value in zip(slots, values):
+        w.s[i] = value
+
+
 def _copy(w: Wave) -> Wave:
     """A Wave standing for a new class, with `w`'s scalar state (no counter queues:
     the opening runs no memory instruction)."""
@@ -95,6 +103,32 @@ def _copy(w: Wave) -> Wave:
     c.scc, c.pc, c.group = w.scc, w.pc, w.group
     c.exec, c.full, c.mask = w.exec, w.full, w.mask
     return c
+
+
+def _grouping(owner: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, list[int]]:
+    """Rows in groups of one class (`owner`: each row's) and one value of each of
+    `keys` ([k, rows]): (the rows' order, by class, then keys, rows in order within;
+    where each group starts in it)."""
+    order = np.lexsort((*keys[::-1], owner))
+    owner, keys = owner[order], keys[:, order]
+    edge = np.ones(len(order), bool)
+    edge[1:] = (owner[1:] != owner[:-1]) | (keys[:, 1:] != keys[:, :-1]).any(axis=0)
+    return order, np.flatnonzero(edge).tolist()
+
+
+def _regroup(classes: list[Class], owner: np.ndarray, keys: np.ndarray, rows: np.ndarray, starts: list,
+             assign) -> list[Class]:
+    """A class of each group (`_grouping`; `owner`, `keys`, `rows` in its order), its
+    Wave given its group's keys by `assign(wave, keys)`: a class's own Wave for its
+    last group, copies of it (made before it changes) for the others."""
+    out, values = [], keys[:, starts].T.tolist()
+    ends = starts[1:] + [len(rows)]
+    for k, lo, hi, own in zip(owner[starts].tolist(), starts, ends, values):
+        w = classes[k].wave
+        w = _copy(w) if hi < len(rows) and owner[hi] == k else w
+        assign(w, own)
+        out.append(Class(w, rows[lo:hi]))
+    return out
 
 
 class Opening:
@@ -214,35 +248,22 @@ class Opening:
             alike.setdefault(tuple(i for i in slots if c.wave.s[i] is None), []).append(c)
         if () in alike and len(alike) == 1:
             return classes
-        plans = [(missing, them, self._groups(them, missing) if missing else None) for missing, them in alike.items()]
-        if sum(len(them) if plan is None else len(plan[2]) for _, them, plan in plans) > limit:
+        plans = [(missing, them, self._grouping(them, missing) if missing else None)
+                 for missing, them in alike.items()]
+        if sum(len(them) if plan is None else len(plan[-1]) for _, them, plan in plans) > limit:
             return None
         return [part for missing, them, plan in plans
-                for part in (them if plan is None else self._split_by(them, missing, *plan))]
+                for part in (them if plan is None else _regroup(them, *plan, functools.partial(_give, missing)))]
 
-    def _groups(self, classes: list[Class], missing: tuple) -> tuple:
-        """The rows of `classes` by class, then by their values of SGPRs `missing`:
-        (the keys [1 + len(missing), rows], the rows, where each group starts)."""
+    def _grouping(self, classes: list[Class], missing: tuple) -> tuple:
+        """The rows of `classes` in groups of one class and one value of each of SGPRs
+        `missing`, as `_regroup` takes them (each row's class, the values, the rows,
+        in `_grouping`'s order; where each group starts)."""
         rows = np.concatenate([c.rows for c in classes])
         owner = np.repeat(np.arange(len(classes)), [len(c.rows) for c in classes])
-        keys = np.stack([owner.astype(np.uint64)] + [self.varying[i][rows] for i in missing])
-        order = np.lexsort(keys[::-1])  # rows ascending within a group
-        keys, rows = keys[:, order], rows[order]
-        edge = np.ones(len(order), bool)
-        edge[1:] = (keys[:, 1:] != keys[:, :-1]).any(axis=0)
-        return keys, rows, np.flatnonzero(edge).tolist()
-
-    @staticmethod
-    def _split_by(classes: list[Class], missing: tuple, keys, rows, starts: list) -> list[Class]:
-        """`classes` split by their rows' values of SGPRs `missing` (`_groups`)."""
-        out, values = [], keys[1:, starts].T.tolist()
-        for k, lo, hi, own in zip(keys[0, starts].tolist(), starts, starts[1:] + [len(rows)], values):
-            w = classes[k].wave
-            w = _copy(w) if hi < len(rows) and keys[0, hi] == k else w  # (the class's own wave last)
-            for i, value in zip(missing, own):
-                w.s[i] = value
-            out.append(Class(w, rows[lo:hi]))
-        return out
+        keys = np.stack([self.varying[i][rows] for i in missing])
+        order, starts = _grouping(owner, keys)
+        return owner[order], keys[:, order], rows[order], starts
 
     def _scalar(self, here: list[Class], pc: int) -> None:
         run = self.code[pc]
@@ -392,33 +413,15 @@ class Rows(Batch):
         value; a class whose rows wrote different values splits into one class
         per value (`parts`, in order; rows ascending)."""
         parts, positions = self.parts, self.positions
-        order = np.lexsort((values, positions))  # by class, then value; rows ascending within
-        owner, value = positions[order], values[order]
-        edge = np.ones(self.count, bool)
-        edge[1:] = (owner[1:] != owner[:-1]) | (value[1:] != value[:-1])
-        starts = np.flatnonzero(edge)
-        owners = owner[starts].tolist()
+        order, starts = _grouping(positions, values[None])
         if len(starts) == len(parts):  # no class split
-            for c, v in zip(parts, value[starts].tolist()):
+            for c, v in zip(parts, values[order[starts]].tolist()):
                 write(c.wave, v)
             return
-        new, kept = [], []
-        bounds = np.append(starts, self.count).tolist()
-        slots = self.slots[order]
-        for k, v, lo, hi in zip(owners, value[starts].tolist(), bounds, bounds[1:]):
-            w = parts[k].wave
-            if kept and kept[-1][0] is w:  # its class's second value on: a new class
-                w = _copy(w)
-            else:  # its first keeps the class's wave (written after the copies)
-                kept.append((w, v))
-            new.append(Class(w, slots[lo:hi]))
-            if w is not kept[-1][0]:
-                write(w, v)
-        for w, v in kept:
-            write(w, v)
-        self.parts = new
+        self.parts = _regroup(parts, positions[order], values[None, order], self.slots[order], starts,
+                              lambda w, own: write(w, own[0]))
         owner = np.empty(self.count, np.int64)
-        owner[order] = np.repeat(np.arange(len(new)), np.diff(bounds))
+        owner[order] = np.repeat(np.arange(len(self.parts)), np.diff(starts + [self.count]))
         self.positions = owner
 
 
